@@ -1,0 +1,207 @@
+"""Pinned Kubernetes-side binaries, built from source with the Go toolchain and cached.
+
+There is no Docker engine, no registry and no Debian package for the Kubernetes server
+components on our machines, but the Go module proxy is reachable. Each binary is built from a
+tiny wrapper module:
+
+* Kubernetes components: ``k8s.io/kubernetes`` refuses ``go install pkg@v`` because its go.mod
+  replaces every staging module by a local path. The wrapper requires k8s.io/kubernetes and
+  replaces each staging module (``k8s.io/api`` ...) by its published ``v0.<minor>.<patch>``.
+* etcd: ``go.etcd.io/etcd/server/v3`` has replace directives too; the wrapper's own ``main``
+  calls ``etcdmain.Main``.
+* kwok and helm install cleanly with ``go install``.
+
+Binaries land in ``$XDG_CACHE_HOME/sharetune/bin/<component>-<version>/`` so a second run is a
+cache hit costing nothing, and a version bump builds into a fresh directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+K8S_VERSION = "1.35.4"
+ETCD_VERSION = "3.6.16"
+KWOK_VERSION = "0.7.0"
+HELM_VERSION = "3.22.0"
+
+# The staging modules k8s.io/kubernetes v1.35 replaces with ./staging/src/k8s.io/<name>.
+K8S_STAGING_MODULES = (
+    "api", "apiextensions-apiserver", "apimachinery", "apiserver", "cli-runtime", "client-go",
+    "cloud-provider", "cluster-bootstrap", "code-generator", "component-base",
+    "component-helpers", "controller-manager", "cri-api", "cri-client", "csi-translation-lib",
+    "dynamic-resource-allocation", "endpointslice", "externaljwt", "kms", "kube-aggregator",
+    "kube-controller-manager", "kube-proxy", "kube-scheduler", "kubectl", "kubelet", "metrics",
+    "mount-utils", "pod-security-admission", "sample-apiserver", "sample-cli-plugin",
+    "sample-controller",
+)
+
+K8S_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+# Only needed by the real-node stage; built on demand.
+K8S_NODE_COMMANDS = ("kubelet", "kube-proxy")
+
+CONTROL_PLANE_BINARIES = ("etcd", *K8S_COMMANDS, "kwok", "helm")
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sharetune"
+
+
+@dataclass(frozen=True)
+class Binary:
+    name: str
+    version: str
+
+    @property
+    def path(self) -> Path:
+        return cache_root() / "bin" / f"{self.name}-{self.version}" / self.name
+
+
+def binary(name: str) -> Binary:
+    if name in K8S_COMMANDS or name in K8S_NODE_COMMANDS:
+        return Binary(name, K8S_VERSION)
+    versions = {"etcd": ETCD_VERSION, "kwok": KWOK_VERSION, "helm": HELM_VERSION}
+    if name not in versions:
+        raise KeyError(f"unknown binary {name!r}")
+    return Binary(name, versions[name])
+
+
+def path_of(name: str) -> Path:
+    return binary(name).path
+
+
+def _go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # Static, reproducible builds; no cgo needed by any of these binaries.
+    env.setdefault("CGO_ENABLED", "0")
+    env.setdefault("GOFLAGS", "-buildvcs=false")
+    env.setdefault("GOPROXY", "https://proxy.golang.org,direct")
+    return env
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> None:
+    print(f"[binaries] {' '.join(cmd)}  (in {cwd})", file=sys.stderr, flush=True)
+    subprocess.run(cmd, cwd=cwd, env=env, check=True)
+
+
+def _k8s_wrapper(workdir: Path) -> None:
+    minor = "0." + K8S_VERSION.split(".", 1)[1]
+    lines = [
+        "module sharetune.local/k8sbuild",
+        "",
+        "go 1.25.0",
+        "",
+        f"require k8s.io/kubernetes v{K8S_VERSION}",
+        "",
+        "replace (",
+    ]
+    lines += [f"\tk8s.io/{m} => k8s.io/{m} v{minor}" for m in K8S_STAGING_MODULES]
+    lines += [")", ""]
+    (workdir / "go.mod").write_text("\n".join(lines))
+    # A tools file so `go mod tidy` keeps every command's dependencies.
+    imports = "\n".join(f'\t_ "k8s.io/kubernetes/cmd/{c}"' for c in (*K8S_COMMANDS, *K8S_NODE_COMMANDS))
+    (workdir / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n")
+
+
+def _etcd_wrapper(workdir: Path) -> None:
+    (workdir / "go.mod").write_text(
+        "module sharetune.local/etcdbuild\n\ngo 1.26.0\n\n"
+        f"require go.etcd.io/etcd/server/v3 v{ETCD_VERSION}\n"
+    )
+    (workdir / "main.go").write_text(
+        "package main\n\nimport (\n\t\"os\"\n\n\t\"go.etcd.io/etcd/server/v3/etcdmain\"\n)\n\n"
+        "func main() { etcdmain.Main(os.Args) }\n"
+    )
+
+
+def _install(dest: Path, built: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(".tmp")
+    shutil.copy2(built, tmp)
+    os.chmod(tmp, 0o755)
+    tmp.replace(dest)  # atomic: a half-copied binary is never mistaken for a cache hit
+
+
+def build(names: list[str]) -> dict[str, float]:
+    """Builds the missing binaries among ``names``; returns seconds spent per binary (0 = cached)."""
+    env = _go_env()
+    spent: dict[str, float] = {}
+    work = cache_root() / "gobuild"
+    work.mkdir(parents=True, exist_ok=True)
+    k8s_missing = [n for n in names if (n in K8S_COMMANDS or n in K8S_NODE_COMMANDS)
+                   and not path_of(n).exists()]
+    for n in names:
+        spent[n] = 0.0
+    if k8s_missing:
+        wd = work / f"k8s-{K8S_VERSION}"
+        wd.mkdir(parents=True, exist_ok=True)
+        _k8s_wrapper(wd)
+        _run(["go", "mod", "tidy"], wd, env)
+        for n in k8s_missing:
+            t0 = time.monotonic()
+            out = wd / "out" / n
+            _run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(out), f"k8s.io/kubernetes/cmd/{n}"], wd, env)
+            _install(path_of(n), out)
+            spent[n] = time.monotonic() - t0
+    if "etcd" in names and not path_of("etcd").exists():
+        t0 = time.monotonic()
+        wd = work / f"etcd-{ETCD_VERSION}"
+        wd.mkdir(parents=True, exist_ok=True)
+        _etcd_wrapper(wd)
+        _run(["go", "mod", "tidy"], wd, env)
+        _run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(wd / "etcd"), "."], wd, env)
+        _install(path_of("etcd"), wd / "etcd")
+        spent["etcd"] = time.monotonic() - t0
+    simple = {
+        "kwok": f"sigs.k8s.io/kwok/cmd/kwok@v{KWOK_VERSION}",
+        "helm": f"helm.sh/helm/v3/cmd/helm@v{HELM_VERSION}",
+    }
+    for n, pkg in simple.items():
+        if n in names and not path_of(n).exists():
+            t0 = time.monotonic()
+            with tempfile.TemporaryDirectory() as gobin:
+                e = dict(env, GOBIN=gobin)
+                _run(["go", "install", "-trimpath", "-ldflags=-s -w", pkg], work, e)
+                _install(path_of(n), Path(gobin) / n)
+            spent[n] = time.monotonic() - t0
+    return spent
+
+
+def ensure(names: tuple[str, ...] | list[str] = CONTROL_PLANE_BINARIES) -> dict[str, Path]:
+    build(list(names))
+    return {n: path_of(n) for n in names}
+
+
+def missing(names: tuple[str, ...] | list[str] = CONTROL_PLANE_BINARIES) -> list[str]:
+    return [n for n in names if not path_of(n).exists()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="sharetune-binaries", description=__doc__.splitlines()[0])
+    p.add_argument("names", nargs="*", default=list(CONTROL_PLANE_BINARIES))
+    p.add_argument("--node", action="store_true", help="also build kubelet and kube-proxy")
+    p.add_argument("--json", help="write per-binary build seconds to this file")
+    a = p.parse_args(argv)
+    names = list(a.names) + (list(K8S_NODE_COMMANDS) if a.node else [])
+    t0 = time.monotonic()
+    spent = build(names)
+    total = time.monotonic() - t0
+    for n in names:
+        print(f"{n:26s} {path_of(n)}  ({spent[n]:.1f}s)")
+    print(f"total {total:.1f}s")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"total_s": total, "per_binary_s": spent}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
