@@ -1,0 +1,186 @@
+"""The TuningJob spec (sharetune.io/v1alpha1) as typed, validated Python objects.
+
+One parser for the operator (which reads the CR) and local mode (which reads the same YAML), so
+both agree on defaults and on what is an error. Pure: no kopf, no kubernetes, no TVM.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+API_GROUP = "sharetune.io"
+API_VERSION = "v1alpha1"
+KIND = "TuningJob"
+TARGETS = ("llvm", "cuda")
+COST_MODELS = ("xgb", "random")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?([KMGT]i?|[kmgt])?$")
+
+
+class SpecError(ValueError):
+    """A TuningJob spec that cannot run; the message names the field and what is wrong."""
+
+
+@dataclass(frozen=True)
+class OnnxSource:
+    path: str | None = None
+    url: str | None = None
+    config_map: str | None = None  # name of a ConfigMap whose binaryData key holds the model
+    config_map_key: str = "model.onnx"
+    pvc: str | None = None
+    pvc_path: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str | None = None  # a built-in zoo model
+    onnx: OnnxSource | None = None
+    input_shape: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class TrialBudget:
+    total: int = 64
+    per_task: int = 16
+    per_iteration: int = 8  # candidates built and measured per search round
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    replicas: int = 2
+    thread_percentage: int = 100
+    pinned_memory_limit: str | None = None  # e.g. "4G": CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4G
+
+
+@dataclass(frozen=True)
+class TuningJobSpec:
+    name: str
+    model: ModelSpec
+    target: str = "llvm"
+    trials: TrialBudget = field(default_factory=TrialBudget)
+    servers: ServerSpec = field(default_factory=ServerSpec)
+    shards: int = 2
+    mps: bool = False
+    cost_model: str = "xgb"
+    seed: int = 0
+    builder_workers: int | None = None  # per client; None = the client's CPU count
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def uses_mps(self) -> bool:
+        # MPS only means something on a GPU target.
+        return self.mps and self.target == "cuda"
+
+
+def _get(d: dict[str, Any], key: str, typ: type | tuple[type, ...], default: Any, where: str) -> Any:
+    if key not in d or d[key] is None:
+        return default
+    v = d[key]
+    # bool is an int in Python; a YAML `true` must not pass for a count.
+    if isinstance(v, bool) and typ is not bool and (typ == int or (isinstance(typ, tuple) and bool not in typ)):
+        raise SpecError(f"{where}.{key}: expected {getattr(typ, '__name__', typ)}, got boolean {v!r}")
+    if not isinstance(v, typ):
+        name = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+        raise SpecError(f"{where}.{key}: expected {name}, got {type(v).__name__} {v!r}")
+    return v
+
+
+def _int_in(d: dict[str, Any], key: str, default: int, lo: int, hi: int, where: str) -> int:
+    v = _get(d, key, int, default, where)
+    if not lo <= v <= hi:
+        raise SpecError(f"{where}.{key}: {v} is outside [{lo}, {hi}]")
+    return int(v)
+
+
+def _dict(d: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    return _get(d, key, dict, {}, where)
+
+
+def parse_spec(name: str, spec: dict[str, Any]) -> TuningJobSpec:
+    if not isinstance(spec, dict):
+        raise SpecError(f"spec: expected a mapping, got {type(spec).__name__}")
+    m = _dict(spec, "model", "spec")
+    onnx_d = _get(m, "onnx", dict, None, "spec.model")
+    model_name = _get(m, "name", str, None, "spec.model")
+    if (model_name is None) == (onnx_d is None):
+        raise SpecError("spec.model: set exactly one of `name` (built-in model) or `onnx` (a user model)")
+    onnx_src = None
+    if onnx_d is not None:
+        cm = _get(onnx_d, "configMap", dict, None, "spec.model.onnx")
+        pvc = _get(onnx_d, "pvc", dict, None, "spec.model.onnx")
+        onnx_src = OnnxSource(
+            path=_get(onnx_d, "path", str, None, "spec.model.onnx"),
+            url=_get(onnx_d, "url", str, None, "spec.model.onnx"),
+            config_map=cm and _get(cm, "name", str, None, "spec.model.onnx.configMap"),
+            config_map_key=(cm and _get(cm, "key", str, None, "spec.model.onnx.configMap")) or "model.onnx",
+            pvc=pvc and _get(pvc, "claimName", str, None, "spec.model.onnx.pvc"),
+            pvc_path=pvc and _get(pvc, "path", str, None, "spec.model.onnx.pvc"),
+        )
+        sources = [s for s in (onnx_src.path, onnx_src.url, onnx_src.config_map, onnx_src.pvc) if s]
+        if len(sources) != 1:
+            raise SpecError("spec.model.onnx: set exactly one of path, url, configMap, pvc")
+    shape = _get(m, "inputShape", list, None, "spec.model")
+    if shape is not None:
+        if not shape or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 65536 for x in shape):
+            raise SpecError(f"spec.model.inputShape: expected a list of positive integers, got {shape!r}")
+        shape = tuple(shape)
+    target = _get(spec, "target", str, "llvm", "spec")
+    if target not in TARGETS:
+        raise SpecError(f"spec.target: {target!r} is not one of {', '.join(TARGETS)}")
+    t = _dict(spec, "trials", "spec")
+    trials = TrialBudget(
+        total=_int_in(t, "total", 64, 1, 10_000_000, "spec.trials"),
+        per_task=_int_in(t, "perTask", 16, 1, 1_000_000, "spec.trials"),
+        per_iteration=_int_in(t, "perIteration", 8, 1, 4096, "spec.trials"),
+    )
+    s = _dict(spec, "servers", "spec")
+    pinned = _get(s, "pinnedMemoryLimit", str, None, "spec.servers")
+    if pinned is not None and not _QUANTITY.match(pinned):
+        raise SpecError(f"spec.servers.pinnedMemoryLimit: {pinned!r} is not a size like 4G or 512M")
+    servers = ServerSpec(
+        replicas=_int_in(s, "replicas", 2, 1, 64, "spec.servers"),
+        thread_percentage=_int_in(s, "threadPercentage", 100, 1, 100, "spec.servers"),
+        pinned_memory_limit=pinned,
+    )
+    c = _dict(spec, "clients", "spec")
+    g = _dict(spec, "gpuSharing", "spec")
+    cost = _get(spec, "costModel", str, "xgb", "spec")
+    if cost not in COST_MODELS:
+        raise SpecError(f"spec.costModel: {cost!r} is not one of {', '.join(COST_MODELS)}")
+    workers = _get(c, "builderWorkers", int, None, "spec.clients")
+    if workers is not None and not 1 <= workers <= 512:
+        raise SpecError(f"spec.clients.builderWorkers: {workers} is outside [1, 512]")
+    return TuningJobSpec(
+        name=name, model=ModelSpec(name=model_name, onnx=onnx_src, input_shape=shape),
+        target=target, trials=trials, servers=servers,
+        shards=_int_in(c, "shards", 2, 1, 1024, "spec.clients"),
+        mps=bool(_get(g, "mps", bool, target == "cuda", "spec.gpuSharing")),
+        cost_model=cost, seed=_int_in(spec, "seed", 0, 0, 2**31 - 1, "spec"),
+        builder_workers=workers, raw=spec,
+    )
+
+
+def load_job(source: str | Path | dict[str, Any]) -> TuningJobSpec:
+    """Reads a TuningJob manifest (path, YAML text or parsed dict) into a spec."""
+    if isinstance(source, dict):
+        doc = source
+    else:
+        p = Path(source)
+        text = p.read_text() if p.exists() else str(source)
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise SpecError(f"not valid YAML: {e}") from None
+    if not isinstance(doc, dict):
+        raise SpecError("a TuningJob manifest must be a YAML mapping")
+    if doc.get("kind") != KIND or doc.get("apiVersion") != f"{API_GROUP}/{API_VERSION}":
+        raise SpecError(f"expected apiVersion {API_GROUP}/{API_VERSION}, kind {KIND}; "
+                        f"got {doc.get('apiVersion')}, {doc.get('kind')}")
+    name = (doc.get("metadata") or {}).get("name")
+    if not isinstance(name, str) or not name:
+        raise SpecError("metadata.name is required")
+    return parse_spec(name, doc.get("spec") or {})

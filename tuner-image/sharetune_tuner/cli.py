@@ -1,0 +1,212 @@
+"""`sharetune-tuner`: the processes a TuningJob's pods run (and local mode spawns).
+
+  mps-daemon   CUDA MPS control daemon with default limits, health-checked, `quit` on stop
+  tracker      TVM RPC tracker
+  server       TVM RPC server under a key, with MPS thread-percentage / pinned-memory limits
+  client       tunes one shard of the model's tasks (resumable)
+  merge        merges shard databases, compiles, checks, measures, writes the summary
+
+Each serves /metrics and /healthz on --metrics-port (0 = any free port, -1 = off) and stops
+cleanly on SIGTERM. User errors print one line and exit with a distinct code (see errors.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import TunerError
+
+log = logging.getLogger("sharetune.tuner")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("SHARETUNE_METRICS_PORT", "-1")),
+                   help="port for /metrics and /healthz (0 = any free port, -1 = off)")
+    p.add_argument("-v", "--verbose", action="store_true")
+
+
+def _tracker_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tracker", default=os.environ.get("TVM_TRACKER_HOST", "127.0.0.1") + ":" +
+                   os.environ.get("TVM_TRACKER_PORT", "9190"), help="tracker host:port")
+    p.add_argument("--key", default=os.environ.get("TVM_TRACKER_KEY", "sharetune"), help="tracker key")
+
+
+def _split(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit():
+        raise TunerError(f"--tracker must be host:port, got {addr!r}")
+    return host, int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sharetune-tuner", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    m = sub.add_parser("mps-daemon", help="run the CUDA MPS control daemon")
+    m.add_argument("--pipe-dir", type=Path, default=Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/mps-pipe")))
+    m.add_argument("--log-dir", type=Path, default=Path(os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/tmp/mps-log")))
+    m.add_argument("--thread-percentage", type=int, default=None, help="default active thread percentage")
+    m.add_argument("--pinned-memory-limit", default=None, help="default pinned device memory limit, e.g. 8G")
+    m.add_argument("--control-binary", default="nvidia-cuda-mps-control")
+    _common(m)
+
+    t = sub.add_parser("tracker", help="run the TVM RPC tracker")
+    t.add_argument("--host", default="0.0.0.0")
+    t.add_argument("--port", type=int, default=9190)
+    _common(t)
+
+    s = sub.add_parser("server", help="run a TVM RPC tuning server registered at the tracker")
+    _tracker_args(s)
+    s.add_argument("--host", default="0.0.0.0")
+    s.add_argument("--port", type=int, default=9091, help="first port to try")
+    s.add_argument("--port-end", type=int, default=9199)
+    s.add_argument("--thread-percentage", type=int, default=None, help="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    s.add_argument("--pinned-memory-limit", default=None, help="CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for GPU 0, e.g. 4G")
+    s.add_argument("--advertise-addr", default=os.environ.get("POD_IP"), help="address the tracker hands out")
+    s.add_argument("--name", default=os.environ.get("HOSTNAME", "server"))
+    _common(s)
+
+    c = sub.add_parser("client", help="tune one shard of the model's tasks")
+    c.add_argument("--job", type=Path, required=True, help="TuningJob YAML (what local mode and pods read)")
+    c.add_argument("--shard", type=int, default=int(os.environ.get("JOB_COMPLETION_INDEX", "0")))
+    c.add_argument("--shards", type=int, default=None, help="default: spec.clients.shards")
+    c.add_argument("--work-dir", type=Path, required=True, help="this shard's record directory")
+    c.add_argument("--servers", type=int, default=None, help="runner workers (default: spec.servers.replicas)")
+    c.add_argument("--tracker-wait", type=float, default=120.0, help="seconds to wait for a server")
+    _tracker_args(c)
+    _common(c)
+
+    g = sub.add_parser("merge", help="merge shard records, compile, check and measure the tuned model")
+    g.add_argument("--job", type=Path, required=True)
+    g.add_argument("--shard-dir", type=Path, action="append", required=True, help="repeat per shard")
+    g.add_argument("--out", type=Path, required=True, help="output directory (records + summary.json)")
+    g.add_argument("--serve-percentages", default="", help="comma list of MPS %% to report latency at")
+    _common(g)
+    return p
+
+
+def _status_server(port: int, health: Any = None) -> Any:
+    if port < 0:
+        return None
+    from .service import StatusServer
+
+    srv = StatusServer(port, health).start()
+    log.info("metrics and health on port %d", srv.port)
+    return srv
+
+
+def _load_spec(path: Path) -> Any:
+    from sharetune.spec import SpecError, load_job
+
+    try:
+        return load_job(path)
+    except (SpecError, OSError) as e:
+        raise TunerError(f"{path}: {e}") from None
+
+
+def run(a: argparse.Namespace) -> int:
+    from .service import setup_logging, stop_on_signals
+
+    setup_logging(a.verbose)
+    if a.cmd == "tracker":
+        from .rpc import run_tracker
+
+        stop = stop_on_signals()
+        srv = _status_server(a.metrics_port)
+        try:
+            return run_tracker(a.host, a.port, stop)
+        finally:
+            if srv:
+                srv.stop()
+    if a.cmd == "server":
+        from .rpc import ServerConfig, TuningServer
+
+        host, port = _split(a.tracker)
+        stop = stop_on_signals()
+        server = TuningServer(ServerConfig(host, port, a.key, host=a.host, port=a.port, port_end=a.port_end,
+                                           thread_percentage=a.thread_percentage,
+                                           pinned_memory_limit=a.pinned_memory_limit,
+                                           custom_addr=a.advertise_addr, name=a.name))
+        srv = _status_server(a.metrics_port, server.health)
+        try:
+            return server.serve(stop)
+        finally:
+            if srv:
+                srv.stop()
+    if a.cmd == "mps-daemon":
+        from .mps import MpsDaemon
+
+        stop = stop_on_signals()
+        d = MpsDaemon(a.pipe_dir, a.log_dir, a.thread_percentage, a.pinned_memory_limit, a.control_binary)
+        srv = _status_server(a.metrics_port, d.health)
+        try:
+            return d.run(stop)
+        finally:
+            if srv:
+                srv.stop()
+    if a.cmd == "client":
+        return _client(a)
+    if a.cmd == "merge":
+        return _merge(a)
+    raise AssertionError(a.cmd)
+
+
+def _client(a: argparse.Namespace) -> int:
+    from . import model as model_mod
+    from .client import ClientConfig, run_client
+    from .targets import make_target
+
+    spec = _load_spec(a.job)
+    shards = a.shards or spec.shards
+    if not 0 <= a.shard < shards:
+        raise TunerError(f"--shard {a.shard} is outside [0, {shards})")
+    host, port = _split(a.tracker)
+    srv = _status_server(a.metrics_port)
+    try:
+        model = model_mod.load_for_spec(spec.model)
+        target = make_target(spec.target, spec.builder_workers)
+        cfg = ClientConfig(job=spec.name, shard=a.shard, shards=shards, work_dir=a.work_dir,
+                           target_kind=spec.target, tracker_host=host, tracker_port=port,
+                           tracker_key=a.key, servers=a.servers or spec.servers.replicas,
+                           total_trials=spec.trials.total, trials_per_task=spec.trials.per_task,
+                           trials_per_iter=spec.trials.per_iteration, cost_model=spec.cost_model,
+                           seed=spec.seed, builder_workers=spec.builder_workers,
+                           tracker_wait_s=a.tracker_wait)
+        progress = run_client(cfg, model, target)
+        print(json.dumps({"shard": a.shard, "done": progress.done, "budget": progress.budget,
+                          "resumed": progress.resumed, "errors": progress.errors}))
+        return 0
+    finally:
+        if srv:
+            srv.stop()
+
+
+def _merge(a: argparse.Namespace) -> int:
+    from .merge import merge_and_report
+
+    spec = _load_spec(a.job)
+    serve = [int(x) for x in a.serve_percentages.split(",") if x.strip()]
+    summary = merge_and_report(spec, a.shard_dir, a.out, serve_percentages=serve)
+    print(json.dumps({k: summary[k] for k in ("records", "speedup", "latency_untuned_ms", "latency_tuned_ms")}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except TunerError as e:
+        print(f"sharetune-tuner {args.cmd}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""A tuning client: tunes one shard of a model's tasks through the RPC tracker.
+
+Every client extracts the model's tasks and computes the same partition and per-task budgets,
+so shards never talk to each other. Records go to the shard's JSONDatabase as they are measured
+(append-only), and a restarted client counts what its database already holds and tunes only the
+remaining trials of each task: no trial is redone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import metrics, records
+from .builder import PooledBuilder
+from .errors import TrackerError
+from .partition import budgets, shard_of
+from .tasks import Task, extract
+
+log = logging.getLogger("sharetune.client")
+PROGRESS = "progress.json"
+
+
+@dataclass
+class ClientConfig:
+    job: str
+    shard: int
+    shards: int
+    work_dir: Path  # this shard's database directory
+    target_kind: str
+    tracker_host: str
+    tracker_port: int
+    tracker_key: str
+    servers: int  # runner workers: the servers this client may use at once
+    total_trials: int
+    trials_per_task: int
+    trials_per_iter: int = 8
+    cost_model: str = "xgb"
+    seed: int = 0
+    builder_workers: int | None = None
+    population_size: int | None = None  # evolutionary search; None = sized to the batch
+    session_timeout_s: int = 60
+    tracker_wait_s: float = 60.0
+
+
+@dataclass
+class TaskProgress:
+    name: str
+    workload_hash: str
+    budget: int
+    done: int
+    best_s: float | None = None
+
+
+@dataclass
+class Progress:
+    job: str
+    shard: int
+    shards: int
+    state: str = "starting"  # starting, tuning, done, failed
+    budget: int = 0
+    done: int = 0
+    resumed: int = 0  # trials found in the database at start
+    errors: int = 0
+    started_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    tasks: list[TaskProgress] = field(default_factory=list)
+    message: str = ""
+    phases: dict[str, float] = field(default_factory=dict)  # MetaSchedule profiler totals, seconds
+
+    def write(self, path: Path) -> None:
+        self.updated_at = time.time()
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self)))
+        tmp.replace(path)  # readers (local mode, the operator) never see half a file
+
+
+def wait_for_tracker(host: str, port: int, key: str, timeout_s: float) -> int:
+    """Blocks until at least one server is registered under ``key``; returns how many."""
+    from tvm import rpc
+
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            summary = rpc.connect_tracker(host, port).summary()
+            n = sum(q.get("free", 0) + q.get("pending", 0) for k, q in summary.get("queue_info", {}).items()
+                    if k == key)
+            n = max(n, sum(1 for s in summary.get("server_info", []) if s.get("key", "").split(":")[-1] == key))
+            if n > 0:
+                return n
+            last = f"tracker up, no server registered under key {key!r}"
+        except Exception as e:  # connection refused, timeouts, ...
+            last = f"{type(e).__name__}: {e}"
+        time.sleep(1.0)
+    raise TrackerError(f"no RPC server reachable through tracker {host}:{port} key {key!r} "
+                       f"after {timeout_s:.0f}s ({last})")
+
+
+def plan_shard(tasks: list[Task], cfg: ClientConfig) -> tuple[list[Task], dict[str, int]]:
+    infos = [t.info for t in tasks]
+    mine = {i.key for i in shard_of(infos, cfg.shards, cfg.shard)}
+    budget = budgets(infos, cfg.total_trials, cfg.trials_per_task)
+    return [t for t in tasks if t.info.key in mine], {k: v for k, v in budget.items() if k in mine}
+
+
+def _make_progress_callback(cfg: ClientConfig, progress: Progress, task: TaskProgress, path: Path) -> Any:
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.ir.utils import derived_object
+
+    shard = str(cfg.shard)
+
+    @derived_object
+    class ProgressCallback(ms.measure_callback.PyMeasureCallback):
+        def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any,
+                  builder_results: Any, runner_results: Any) -> None:
+            for b, r in zip(builder_results, runner_results):
+                if b.error_msg is not None:
+                    status = "build_error"
+                elif r.error_msg is not None:
+                    status = "run_error"
+                else:
+                    status = "ok"
+                    secs = [float(x) for x in r.run_secs]
+                    mean = sum(secs) / len(secs)
+                    if task.best_s is None or mean < task.best_s:
+                        task.best_s = mean
+                        metrics.BEST_LATENCY.labels(cfg.job, shard, task.name).set(mean)
+                if status != "ok":
+                    progress.errors += 1
+                metrics.TRIALS.labels(cfg.job, shard, task.name, status).inc()
+                task.done += 1
+                progress.done += 1
+            metrics.SHARD_DONE.labels(cfg.job, shard).set(progress.done)
+            prof = ms.Profiler.current()
+            if prof is not None:
+                _export_phases(cfg, prof.get())
+            progress.write(path)
+
+    return ProgressCallback()
+
+
+_PHASES = {"GenerateMeasureCandidates": "search", "SendToBuilder": "build", "SendToRunner": "run",
+           "JoinRunnerFutures": "run", "UpdateCostModel": "cost_model"}
+_exported: dict[str, float] = {}
+
+
+def _export_phases(cfg: ClientConfig, table: dict[str, float]) -> None:
+    """Profiler totals are cumulative: export their growth into per-phase counters."""
+    for name, secs in table.items():
+        phase = next((p for k, p in _PHASES.items() if k in name), None)
+        if phase is None:
+            continue
+        delta = float(secs) - _exported.get(name, 0.0)
+        if delta > 0:
+            metrics.PHASE_SECONDS.labels(cfg.job, str(cfg.shard), phase).inc(delta)
+            _exported[name] = float(secs)
+
+
+def search_strategy(cfg: ClientConfig) -> Any:
+    """Evolutionary search sized to the batch: the stock population (512, 4 generations) costs
+    ~10 s of mutation per round on 2 cores, which dwarfs building and measuring a batch of a few
+    candidates. A population of 32 per candidate (64..512) keeps the search/measure ratio sane."""
+    from tvm.s_tir import meta_schedule as ms
+
+    population = cfg.population_size or max(64, min(512, 32 * cfg.trials_per_iter))
+    return ms.search_strategy.EvolutionarySearch(population_size=population,
+                                                 init_min_unmeasured=min(50, population // 2))
+
+
+def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
+    """Tunes this client's shard to completion (or resumes it) and returns the final progress."""
+    from tvm.s_tir import meta_schedule as ms
+
+    cfg.work_dir.mkdir(parents=True, exist_ok=True)
+    progress_path = cfg.work_dir / PROGRESS
+    progress = Progress(cfg.job, cfg.shard, cfg.shards)
+    progress.write(progress_path)
+
+    cut = records.repair(cfg.work_dir)
+    if cut:
+        log.warning("cut %d bytes of a torn last record (client killed mid-write)", cut)
+    tasks = extract(model.mod, target)
+    mine, budget = plan_shard(tasks, cfg)
+    have = records.stats(cfg.work_dir)
+    for t in mine:
+        progress.tasks.append(TaskProgress(t.info.name, t.info.workload_hash, budget[t.info.key],
+                                           min(have.trials_by_workload.get(t.info.workload_hash, 0),
+                                               budget[t.info.key]),
+                                           have.best_by_workload.get(t.info.workload_hash)))
+    progress.budget = sum(tp.budget for tp in progress.tasks)
+    progress.done = progress.resumed = sum(tp.done for tp in progress.tasks)
+    metrics.SHARD_BUDGET.labels(cfg.job, str(cfg.shard)).set(progress.budget)
+    metrics.SHARD_DONE.labels(cfg.job, str(cfg.shard)).set(progress.done)
+    log.info("shard %d/%d: %d of %d tasks, %d trials budgeted, %d already in the database",
+             cfg.shard, cfg.shards, len(mine), len(tasks), progress.budget, progress.resumed)
+    todo = [(t, tp) for t, tp in zip(mine, progress.tasks) if tp.budget - tp.done > 0]
+    if not todo:
+        progress.state = "done"
+        progress.write(progress_path)
+        return progress
+
+    wait_for_tracker(cfg.tracker_host, cfg.tracker_port, cfg.tracker_key, cfg.tracker_wait_s)
+    progress.state = "tuning"
+    progress.write(progress_path)
+
+    cores = cfg.builder_workers or os.cpu_count() or 1
+    builder = PooledBuilder(max_workers=cores, timeout_sec=60.0)
+    runner = ms.runner.RPCRunner(
+        rpc_config=ms.runner.RPCConfig(tracker_host=cfg.tracker_host, tracker_port=cfg.tracker_port,
+                                       tracker_key=cfg.tracker_key,
+                                       session_timeout_sec=cfg.session_timeout_s),
+        evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20),
+        max_workers=cfg.servers,
+    )
+    database = ms.database.JSONDatabase(work_dir=str(cfg.work_dir))
+    # One cost model for the whole shard: it keeps learning across this shard's tasks.
+    cost_model = ms.CostModel.create(cfg.cost_model, num_tuning_cores=cores)
+    with ms.Profiler() as prof:
+        for i, (task, tp) in enumerate(todo):
+            remaining = tp.budget - tp.done
+            ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+                [task.extracted], work_dir=str(cfg.work_dir / "logs"), strategy=search_strategy(cfg),
+                num_threads=cores, seed=cfg.seed * 1000 + cfg.shard * 100 + i + tp.done)
+            callbacks = [*ms.MeasureCallback.create("default"),
+                         _make_progress_callback(cfg, progress, tp, progress_path)]
+            ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=str(cfg.work_dir / "logs"),
+                          max_trials_global=remaining, max_trials_per_task=remaining,
+                          num_trials_per_iter=min(cfg.trials_per_iter, remaining),
+                          builder=builder, runner=runner, database=database, cost_model=cost_model,
+                          measure_callbacks=callbacks, task_scheduler="round-robin")
+        progress.phases = {k: round(float(v), 3) for k, v in prof.get().items()}
+    log.info("where the time went:\n%s", prof.table())
+    progress.state = "done"
+    progress.write(progress_path)
+    return progress

@@ -1,0 +1,130 @@
+"""Tuning-record files of MetaSchedule's JSONDatabase: count, repair after a crash, merge.
+
+Layout of one database directory (what ``JSONDatabase(work_dir=...)`` writes, append-only):
+  database_workload.json       one line per workload: [structural hash, IR JSON]
+  database_tuning_record.json  one line per trial: [workload line index, [trace, run_secs, target, args]]
+Concatenating two shards' files is wrong (indices point into each shard's own workload file), so
+merging goes through TVM's database API, which re-keys workloads by structural hash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+WORKLOADS = "database_workload.json"
+RECORDS = "database_tuning_record.json"
+
+
+def _complete_lines(path: Path) -> tuple[list[Any], int]:
+    """Parsed JSON lines, and the byte length of the complete, valid prefix of the file."""
+    if not path.exists():
+        return [], 0
+    data = path.read_bytes()
+    out: list[Any] = []
+    good = 0
+    pos = 0
+    while pos < len(data):
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            break  # a last line without newline: the writer died mid-line
+        line = data[pos:nl]
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                break
+        pos = nl + 1
+        good = pos
+    return out, good
+
+
+def repair(db_dir: Path) -> int:
+    """Cuts a torn last line (kill -9 mid-write) so TVM can load the database; returns bytes cut."""
+    cut = 0
+    for name in (WORKLOADS, RECORDS):
+        p = db_dir / name
+        if not p.exists():
+            continue
+        _, good = _complete_lines(p)
+        size = p.stat().st_size
+        if good < size:
+            with open(p, "r+b") as f:
+                f.truncate(good)
+                f.flush()
+                os.fsync(f.fileno())
+            cut += size - good
+    return cut
+
+
+@dataclass
+class RecordStats:
+    trials_by_workload: Counter[str]  # structural hash -> records
+    best_by_workload: dict[str, float]  # structural hash -> best mean run seconds (valid runs)
+    total: int
+    failed: int
+
+
+def _mean_secs(run_secs: Any) -> float | None:
+    if not run_secs:
+        return None
+    vals = [float(x) for x in run_secs]
+    m = sum(vals) / len(vals)
+    return None if m >= 1e9 else m  # MetaSchedule stores 1e10 for failed runs
+
+
+def stats(db_dir: Path) -> RecordStats:
+    """Reads a database directory without TVM (cheap enough to poll for progress)."""
+    workloads, _ = _complete_lines(db_dir / WORKLOADS)
+    records, _ = _complete_lines(db_dir / RECORDS)
+    hashes = [str(w[0]) for w in workloads]
+    trials: Counter[str] = Counter()
+    best: dict[str, float] = {}
+    failed = 0
+    for idx, body in records:
+        if not 0 <= idx < len(hashes):
+            continue
+        h = hashes[idx]
+        trials[h] += 1
+        secs = _mean_secs(body[1] if len(body) > 1 else None)
+        if secs is None:
+            failed += 1
+        elif secs < best.get(h, float("inf")):
+            best[h] = secs
+    return RecordStats(trials, best, sum(trials.values()), failed)
+
+
+def merge(shard_dirs: list[Path], out_dir: Path, best_dir: Path | None = None) -> dict[str, int]:
+    """Merges shard databases into ``out_dir`` (every record kept) and, if given, ``best_dir``
+    (the best record per workload). Overlapping workloads across shards collapse into one
+    workload entry. Returns counts for the summary."""
+    from tvm.s_tir import meta_schedule as ms
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for f in (WORKLOADS, RECORDS):  # merging is a pure function of the shards: start empty
+        (out_dir / f).unlink(missing_ok=True)
+    merged = ms.database.JSONDatabase(work_dir=str(out_dir))
+    n_in = 0
+    for d in shard_dirs:
+        if not (d / RECORDS).exists():
+            continue
+        repair(d)
+        db = ms.database.JSONDatabase(work_dir=str(d), allow_missing=False)
+        for rec in db.get_all_tuning_records():
+            wl = merged.commit_workload(rec.workload.mod)
+            merged.commit_tuning_record(ms.database.TuningRecord(
+                rec.trace, wl, rec.run_secs, rec.target, rec.args_info))
+            n_in += 1
+    counts = {"records_in": n_in, "records_out": len(merged.get_all_tuning_records())}
+    if best_dir is not None:
+        best_dir.mkdir(parents=True, exist_ok=True)
+        for f in (WORKLOADS, RECORDS):
+            (best_dir / f).unlink(missing_ok=True)
+        merged.dump_pruned(ms.database.JSONDatabase(work_dir=str(best_dir)))
+        counts["best_records"] = stats(best_dir).total
+    counts["workloads"] = len(stats(out_dir).trials_by_workload)
+    return counts
