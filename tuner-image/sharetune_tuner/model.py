@@ -24,7 +24,7 @@ class LoadedModel:
     name: str
     input_shape: tuple[int, ...]
     input_name: str
-    mod: Any  # tvm.IRModule, after the zero pipeline (what extract_tasks and compile_relax take)
+    mod: Any  # tvm.IRModule, decomposed for inference but not fused (what compile_relax takes)
     params: list[Any]  # the weights, in the order main() takes them after the input
 
     def sample_input(self, seed: int = 0) -> np.ndarray:
@@ -110,11 +110,11 @@ def _to_relax(label: str, proto: Any, input_name: str, shape: tuple[int, ...]) -
     except Exception as e:
         raise ModelError(f"TVM cannot import {label}: {type(e).__name__}: {e}") from None
     mod, params = relax.frontend.detach_params(mod)
-    # Without these, extract_tasks finds no tasks: batch-norm & co. must be decomposed, bindings
-    # canonicalised and the graph legalised/fused first (what the static-shape pipeline does).
+    # Batch-norm & co. decomposed, bindings canonicalised. Not fused here: compile_relax fuses
+    # itself, and fusing an already fused module yields other PrimFuncs whose records never match
+    # (measured: every conv missed its record, tuned == untuned). tasks.extract fuses a copy.
     mod = relax.transform.DecomposeOpsForInference()(mod)
     mod = relax.transform.CanonicalizeBindings()(mod)
-    mod = relax.get_pipeline("zero")(mod)
     return LoadedModel(label, tuple(shape), input_name, mod, list(params.get("main", [])))
 
 

@@ -169,9 +169,10 @@ def transformer_encoder(shape: list[int], layers: int = 2, heads: int = 4, ff: i
 def tiny_cnn(shape: list[int]) -> onnx.ModelProto:
     """A few-task CNN for CI and the quickstart: tunes in minutes on 2 cores."""
     g = GraphBuilder()
-    x = g.conv("input", shape[1], 16, 3)
-    x = g.conv(x, 16, 32, 3, stride=2)
-    return g.model("tiny_cnn", "input", shape, g.classifier(x, 32, 10))
+    x = g.conv("input", shape[1], 32, 3)
+    x = g.conv(x, 32, 64, 3, stride=2)
+    x = g.conv(x, 64, 64, 3)
+    return g.model("tiny_cnn", "input", shape, g.classifier(x, 64, 10))
 
 
 @dataclass(frozen=True)
@@ -185,5 +186,5 @@ ZOO: dict[str, ZooEntry] = {
     "resnet50": ZooEntry(resnet50, (1, 3, 224, 224)),
     "mobilenet_v2": ZooEntry(mobilenet_v2, (1, 3, 224, 224)),
     "transformer_encoder": ZooEntry(transformer_encoder, (1, 64, 128)),
-    "tiny_cnn": ZooEntry(tiny_cnn, (1, 3, 32, 32)),
+    "tiny_cnn": ZooEntry(tiny_cnn, (1, 3, 64, 64)),
 }

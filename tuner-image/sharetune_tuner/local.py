@@ -1,0 +1,174 @@
+"""Local mode: the TuningJob topology as plain processes on this machine.
+
+tracker + N servers (+ the MPS daemon for cuda jobs with MPS) + M clients, one per shard, then
+the merge — the same commands the operator's pods run. Clients that fail are restarted, like an
+Indexed Job's per-index retries, and resume from their records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .client import PROGRESS
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    log: Path
+    env: dict[str, str]
+    metrics_port: int
+    popen: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.popen = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                                          stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def poll(self) -> int | None:
+        return None if self.popen is None else self.popen.poll()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        import signal
+
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        try:
+            os.killpg(self.popen.pid, signal.SIGTERM)  # the group: TVM's popen workers too
+            self.popen.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+        except ProcessLookupError:
+            pass
+
+    def tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except FileNotFoundError:
+            return ""
+
+
+@dataclass
+class LocalRun:
+    spec: Any  # sharetune.spec.TuningJobSpec
+    job_path: Path
+    workdir: Path
+    max_client_restarts: int = 3
+    procs: list[Proc] = field(default_factory=list)
+    key: str = "sharetune"
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "logs").mkdir(exist_ok=True)
+        self.tracker_port = _free_port()
+
+    # ---- processes ---------------------------------------------------------------------------
+    def _base_env(self) -> dict[str, str]:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.spec.uses_mps:
+            env["CUDA_MPS_PIPE_DIRECTORY"] = str(self.workdir / "mps" / "pipe")
+            env["CUDA_MPS_LOG_DIRECTORY"] = str(self.workdir / "mps" / "log")
+        return env
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
+        port = _free_port()
+        p = Proc(name, [sys.executable, "-m", "sharetune_tuner.cli", *args, "--metrics-port", str(port)],
+                 self.workdir / "logs" / f"{name}.log", env or self._base_env(), port)
+        p.start()
+        self.procs.append(p)
+        return p
+
+    def shard_dir(self, i: int) -> Path:
+        return self.workdir / "shards" / f"shard-{i}"
+
+    def start_services(self) -> None:
+        if self.spec.uses_mps:
+            pct = self.spec.servers.thread_percentage
+            self._spawn("mps-daemon", ["mps-daemon", "--pipe-dir", str(self.workdir / "mps" / "pipe"),
+                                       "--log-dir", str(self.workdir / "mps" / "log"),
+                                       "--thread-percentage", str(pct)])
+            time.sleep(2)
+        self._spawn("tracker", ["tracker", "--host", "127.0.0.1", "--port", str(self.tracker_port)])
+        time.sleep(1.0)
+        for i in range(self.spec.servers.replicas):
+            args = ["server", "--tracker", f"127.0.0.1:{self.tracker_port}", "--key", self.key,
+                    "--host", "127.0.0.1", "--port", str(9100 + 20 * i), "--port-end", str(9100 + 20 * i + 19),
+                    "--name", f"server-{i}"]
+            if self.spec.target == "cuda":
+                args += ["--thread-percentage", str(self.spec.servers.thread_percentage)]
+                if self.spec.servers.pinned_memory_limit:
+                    args += ["--pinned-memory-limit", self.spec.servers.pinned_memory_limit]
+            self._spawn(f"server-{i}", args)
+
+    def start_client(self, i: int) -> Proc:
+        return self._spawn(f"client-{i}", [
+            "client", "--job", str(self.job_path), "--shard", str(i), "--shards", str(self.spec.shards),
+            "--work-dir", str(self.shard_dir(i)), "--tracker", f"127.0.0.1:{self.tracker_port}",
+            "--key", self.key, "--servers", str(self.spec.servers.replicas)])
+
+    def stop_all(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+
+    def metrics_targets(self) -> list[str]:
+        return [f"127.0.0.1:{p.metrics_port}" for p in self.procs if p.poll() is None]
+
+    # ---- progress ----------------------------------------------------------------------------
+    def progress(self) -> list[dict[str, Any]]:
+        out = []
+        for i in range(self.spec.shards):
+            try:
+                out.append(json.loads((self.shard_dir(i) / PROGRESS).read_text()))
+            except (FileNotFoundError, ValueError):
+                out.append({"shard": i, "state": "starting", "done": 0, "budget": 0, "tasks": []})
+        return out
+
+    def run_clients(self, on_tick: Any = None, poll_s: float = 1.0) -> None:
+        clients = {i: self.start_client(i) for i in range(self.spec.shards)}
+        running = set(clients)
+        while running:
+            time.sleep(poll_s)
+            if on_tick:
+                on_tick(self.progress())
+            for i in sorted(running):
+                rc = clients[i].poll()
+                if rc is None:
+                    continue
+                if rc == 0:
+                    running.discard(i)
+                    continue
+                if clients[i].restarts >= self.max_client_restarts:
+                    raise RuntimeError(f"client {i} failed {clients[i].restarts + 1} times; last log:\n"
+                                       f"{clients[i].tail()}")
+                restarted = self.start_client(i)  # resumes from its records
+                restarted.restarts = clients[i].restarts + 1
+                clients[i] = restarted
+        if on_tick:
+            on_tick(self.progress())
+
+    def merge(self) -> dict[str, Any]:
+        out = self.workdir / "result"
+        p = self._spawn("merge", ["merge", "--job", str(self.job_path), "--out", str(out),
+                                  *sum((["--shard-dir", str(self.shard_dir(i))] for i in range(self.spec.shards)), [])])
+        rc = p.popen.wait() if p.popen else 1
+        if rc != 0:
+            raise RuntimeError(f"merge failed (exit {rc}):\n{p.tail()}")
+        return json.loads((out / "summary.json").read_text())

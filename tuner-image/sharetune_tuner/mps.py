@@ -1,0 +1,145 @@
+"""The CUDA MPS control daemon as a supervised process.
+
+We run ``nvidia-cuda-mps-control -f`` (foreground) rather than ``-d`` so that we own its PID: a
+crash is seen at once, the daemon is started again with the same defaults, and stop = ``quit``
+through the control pipe, then SIGTERM/SIGKILL of its process group if it does not go.
+Thread-percentage and pinned-memory defaults apply to MPS servers started afterwards; tuning
+servers set their own limits through the environment as MPS clients.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from . import metrics
+from .errors import MpsError
+
+log = logging.getLogger("sharetune.mps")
+
+
+class MpsDaemon:
+    def __init__(self, pipe_dir: Path, log_dir: Path, thread_percentage: int | None = None,
+                 pinned_memory_limit: str | None = None, control_binary: str = "nvidia-cuda-mps-control",
+                 require_gpu: bool = True) -> None:
+        self.pipe_dir, self.log_dir = Path(pipe_dir), Path(log_dir)
+        self.thread_percentage = thread_percentage
+        self.pinned_memory_limit = pinned_memory_limit
+        self.control_binary = control_binary
+        self.require_gpu = require_gpu
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self.last_answer = False
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir),
+                "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir)}
+
+    def preflight(self) -> str:
+        binary = shutil.which(self.control_binary)
+        if binary is None:
+            raise MpsError(f"{self.control_binary} not found: CUDA MPS needs the NVIDIA driver's MPS "
+                           "binaries on the PATH (a GPU node with the driver mounted)")
+        if self.require_gpu:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                count = pynvml.nvmlDeviceGetCount()
+                pynvml.nvmlShutdown()
+            except Exception as e:
+                raise MpsError(f"no NVIDIA GPU visible to the MPS daemon (NVML: {e})") from None
+            if count == 0:
+                raise MpsError("no NVIDIA GPU visible to the MPS daemon (NVML found 0 devices)")
+        return binary
+
+    def control(self, command: str, timeout_s: float = 10.0) -> tuple[int, str]:
+        """Sends one command to the daemon through its pipe, as `echo cmd | nvidia-cuda-mps-control`."""
+        try:
+            r = subprocess.run([self.control_binary], input=command + "\n", capture_output=True, text=True,
+                               env=self.env, timeout=timeout_s)
+        except (subprocess.TimeoutExpired, OSError) as e:
+            return 1, str(e)
+        return r.returncode, (r.stdout + r.stderr).strip()
+
+    def start(self) -> None:
+        binary = self.preflight()
+        self.pipe_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        out = open(self.log_dir / "sharetune-mps-control.out", "ab")
+        self.proc = subprocess.Popen([binary, "-f"], env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        out.close()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = (self.log_dir / "sharetune-mps-control.out").read_text(errors="replace")[-400:]
+                raise MpsError(f"MPS control daemon exited with {self.proc.returncode}: {tail.strip()}")
+            if self.control("get_server_list")[0] == 0:
+                break
+            time.sleep(0.3)
+        else:
+            raise MpsError("MPS control daemon did not answer within 15 s")
+        if self.thread_percentage is not None:
+            self._must(f"set_default_active_thread_percentage {self.thread_percentage}")
+        if self.pinned_memory_limit:
+            self._must(f"set_default_device_pinned_mem_limit 0 {self.pinned_memory_limit}")
+        log.info("MPS control daemon up (pid %d, pipe %s)", self.proc.pid, self.pipe_dir)
+
+    def _must(self, command: str) -> None:
+        rc, out = self.control(command)
+        if rc != 0:
+            raise MpsError(f"MPS rejected {command!r}: {out}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def health(self) -> tuple[bool, str]:
+        if not self.alive():
+            return False, "MPS control daemon not running"
+        return (True, "ok") if self.last_answer else (False, "MPS control daemon does not answer")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.alive():
+            self.control("quit", timeout_s=20)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc = None
+
+    def run(self, stop: threading.Event, poll_s: float = 2.0, max_restarts: int = 20) -> int:
+        """Keeps the daemon up until ``stop``: a dead or mute daemon is started again."""
+        self.start()
+        try:
+            while not stop.wait(poll_s):
+                self.last_answer = self.alive() and self.control("get_server_list")[0] == 0
+                metrics.MPS_UP.labels(str(self.pipe_dir)).set(int(self.last_answer))
+                if self.last_answer:
+                    continue
+                if self.restarts >= max_restarts:
+                    log.error("MPS control daemon failed %d times: giving up", self.restarts)
+                    return 1
+                log.warning("MPS control daemon %s: starting it again",
+                            "died" if not self.alive() else "stopped answering")
+                self.stop()
+                self.restarts += 1
+                self.start()
+        finally:
+            self.stop()
+        return 0
