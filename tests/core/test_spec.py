@@ -1,0 +1,51 @@
+"""The TuningJob parser shared by the operator and local mode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sharetune.spec import SpecError, load_job, parse_spec
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "tiny-cpu.yaml"
+
+
+def test_example_parses_with_its_values() -> None:
+    s = load_job(EXAMPLE)
+    assert (s.name, s.model.name, s.target, s.shards, s.servers.replicas) == ("tiny-cpu", "tiny_cnn", "llvm", 2, 2)
+    assert s.model.input_shape == (1, 3, 64, 64)
+    assert not s.uses_mps  # a CPU job never starts an MPS daemon
+
+
+def test_defaults() -> None:
+    s = parse_spec("j", {"model": {"name": "resnet18"}, "target": "cuda"})
+    assert s.mps and s.uses_mps and s.servers.thread_percentage == 100 and s.trials.total == 64
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({}, "set exactly one of `name`"),
+    ({"model": {"name": "x", "onnx": {"path": "/m.onnx"}}}, "set exactly one of `name`"),
+    ({"model": {"onnx": {}}}, "set exactly one of path, url, configMap, pvc"),
+    ({"model": {"name": "r"}, "target": "tpu"}, "spec.target: 'tpu' is not one of llvm, cuda"),
+    ({"model": {"name": "r"}, "servers": {"threadPercentage": 0}}, "spec.servers.threadPercentage: 0 is outside [1, 100]"),
+    ({"model": {"name": "r"}, "servers": {"threadPercentage": "50"}}, "expected int, got str"),
+    ({"model": {"name": "r"}, "clients": {"shards": True}}, "expected int, got boolean"),
+    ({"model": {"name": "r"}, "trials": {"total": 0}}, "spec.trials.total: 0 is outside"),
+    ({"model": {"name": "r", "inputShape": [1, -3]}}, "inputShape: expected a list of positive integers"),
+    ({"model": {"name": "r"}, "servers": {"pinnedMemoryLimit": "lots"}}, "is not a size like 4G"),
+    ({"model": {"name": "r"}, "costModel": "gbdt"}, "spec.costModel"),
+])
+def test_errors_name_the_field(spec, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SpecError, match=None) as e:
+        parse_spec("j", spec)
+    assert message in str(e.value)
+
+
+def test_manifest_errors() -> None:
+    with pytest.raises(SpecError, match="expected apiVersion sharetune.io/v1alpha1"):
+        load_job({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}})
+    with pytest.raises(SpecError, match="metadata.name is required"):
+        load_job({"apiVersion": "sharetune.io/v1alpha1", "kind": "TuningJob", "spec": {}})
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_job("a: [unclosed")

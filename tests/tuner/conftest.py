@@ -1,0 +1,108 @@
+"""Fixtures that start real tuner processes (tracker, servers) and stop them by process group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "tiny-cpu.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Spawned:
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, sig)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait()
+        return self.popen.returncode
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def tuner(args: list[str], log: Path) -> Spawned:
+    out = open(log, "ab")
+    p = subprocess.Popen([sys.executable, "-m", "sharetune_tuner.cli", *args], stdout=out,
+                         stderr=subprocess.STDOUT, start_new_session=True,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    out.close()
+    return Spawned(p, log)
+
+
+def registered(port: int, key: str) -> int:
+    from sharetune_tuner.rpc import registered_servers, tracker_summary
+
+    s = tracker_summary("127.0.0.1", port)
+    return len(registered_servers(s, key)) if s else 0
+
+
+def wait_until(fn, timeout: float = 60, what: str = "condition"):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@dataclass
+class Topology:
+    tracker_port: int
+    key: str
+    tracker: Spawned
+    servers: list[Spawned]
+    tmp: Path
+
+    @property
+    def tracker_addr(self) -> str:
+        return f"127.0.0.1:{self.tracker_port}"
+
+
+@pytest.fixture()
+def topology(tmp_path: Path) -> Iterator[Topology]:
+    """A tracker and two servers, as local mode starts them."""
+    port = free_port()
+    key = "test"
+    tr = tuner(["tracker", "--host", "127.0.0.1", "--port", str(port)], tmp_path / "tracker.log")
+    wait_until(lambda: registered(port, key) == 0 and _tcp_open(port), 30, "tracker")
+    servers = []
+    for i in range(2):
+        base = free_port()
+        servers.append(tuner(["server", "--tracker", f"127.0.0.1:{port}", "--key", key, "--host", "127.0.0.1",
+                              "--port", str(base), "--port-end", str(base + 1), "--name", f"s{i}",
+                              "--metrics-port", "0"], tmp_path / f"server{i}.log"))
+    wait_until(lambda: registered(port, key) == 2, 60, "2 servers registered")
+    topo = Topology(port, key, tr, servers, tmp_path)
+    try:
+        yield topo
+    finally:
+        for s in [*topo.servers, topo.tracker]:
+            s.stop()
+
+
+def _tcp_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0

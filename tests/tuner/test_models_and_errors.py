@@ -1,0 +1,100 @@
+"""Model loading (zoo, ONNX files) and the clear errors users get for bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tvm")
+
+from sharetune_tuner import model as model_mod  # noqa: E402
+from sharetune_tuner.errors import ModelError, TargetError  # noqa: E402
+from sharetune_tuner.targets import make_target  # noqa: E402
+from sharetune_tuner.tasks import extract  # noqa: E402
+
+from .conftest import EXAMPLE  # noqa: E402
+
+pytestmark = pytest.mark.tvm
+
+
+# GFLOP = 2 x the published multiply-accumulates: ResNet-18 1.82 G, ResNet-50 4.1 G,
+# MobileNetV2 0.30 G; the encoder 2 layers x (4 d^2 + 2 d ff) x seq + attention = 0.055 G;
+# tiny_cnn's three convs 7.1 + 37.7 + 75.5 M. Task counts pin the fusion result.
+@pytest.mark.parametrize("name, tasks, gflop", [
+    ("resnet18", 23, 3.64), ("resnet50", 34, 8.21), ("mobilenet_v2", 46, 0.62),
+    ("transformer_encoder", 11, 0.0553), ("tiny_cnn", 8, 0.12),
+])
+def test_zoo_models_import_and_extract(name: str, tasks: int, gflop: float) -> None:
+    m = model_mod.load(name=name)
+    got = extract(m.mod, make_target("llvm", 1))
+    assert len(got) == tasks
+    assert sum(t.info.flops * t.info.weight for t in got) / 1e9 == pytest.approx(gflop, rel=0.02)
+    assert len({t.info.workload_hash for t in got}) == len(got)
+
+
+def test_onnx_file_roundtrip(tmp_path: Path) -> None:
+    import onnx
+
+    from sharetune_tuner.zoo import tiny_cnn
+
+    f = tmp_path / "m.onnx"
+    onnx.save(tiny_cnn([1, 3, 16, 16]), str(f))
+    m = model_mod.load(onnx_path=f)
+    assert m.input_shape == (1, 3, 16, 16) and m.name == "m"
+    assert len(extract(m.mod, make_target("llvm", 1))) >= 4
+
+
+def test_bad_inputs_raise_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="unknown built-in model 'resnet9000'; choose one of"):
+        model_mod.load(name="resnet9000")
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07garbage that is not a protobuf" * 10)
+    with pytest.raises(ModelError, match="is not a valid ONNX model"):
+        model_mod.load(onnx_path=bad)
+    with pytest.raises(ModelError, match="does not exist"):
+        model_mod.load(onnx_path=tmp_path / "missing.onnx")
+    with pytest.raises(ModelError, match="cannot download model from http://127.0.0.1:9/"):
+        model_mod.load(url="http://127.0.0.1:9/model.onnx", cache_dir=tmp_path)
+    with pytest.raises(TargetError, match="unknown target 'tpu'"):
+        make_target("tpu")
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sharetune_tuner.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def job(tmp_path: Path, **spec_over: object) -> Path:
+    import yaml
+
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"].update(spec_over)
+    p = tmp_path / "job.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def test_cli_errors_have_messages_and_exit_codes(tmp_path: Path) -> None:
+    r = run_cli("client", "--job", str(job(tmp_path, model={"name": "nope"})), "--work-dir", str(tmp_path / "w"))
+    assert r.returncode == 3 and "unknown built-in model 'nope'" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("client", "--job", str(job(tmp_path, target="tpu")), "--work-dir", str(tmp_path / "w"))
+    assert r.returncode == 2 and "spec.target: 'tpu' is not one of llvm, cuda" in r.stderr
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not onnx")
+    r = run_cli("client", "--job", str(job(tmp_path, model={"onnx": {"path": str(bad)}})), "--work-dir", str(tmp_path / "w"))
+    assert r.returncode == 3 and "is not a valid ONNX model" in r.stderr
+    # No tracker listening: a clear error after the wait, not a hang or a traceback.
+    r = run_cli("client", "--job", str(EXAMPLE), "--work-dir", str(tmp_path / "w"), "--tracker", "127.0.0.1:9",
+                "--tracker-wait", "3")
+    assert r.returncode == 5 and "no RPC server reachable through tracker 127.0.0.1:9" in r.stderr
+    r = run_cli("client", "--job", str(EXAMPLE), "--work-dir", str(tmp_path / "w"), "--shard", "7")
+    assert r.returncode == 2 and "--shard 7 is outside [0, 2)" in r.stderr
+
+
+def test_mps_daemon_without_mps_fails_clearly() -> None:
+    r = run_cli("mps-daemon", "--control-binary", "nvidia-cuda-mps-control-not-here")
+    assert r.returncode == 6
+    assert "nvidia-cuda-mps-control-not-here not found: CUDA MPS needs the NVIDIA driver" in r.stderr
