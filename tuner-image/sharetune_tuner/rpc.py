@@ -133,8 +133,12 @@ class TuningServer:
         summary = tracker_summary(self.cfg.tracker_host, self.cfg.tracker_port)
         if summary is None or self.server is None:
             return False
-        return any(int(s.get("addr", [None, -1])[1]) == self.server.port
-                   for s in registered_servers(summary, self.cfg.key))
+        # The tracker records (advertised address or, without one, the peer's IP, port).
+        for s in registered_servers(summary, self.cfg.key):
+            host, port = (list(s.get("addr") or []) + [None, None])[:2]
+            if port == self.server.port and (self.cfg.custom_addr is None or host == self.cfg.custom_addr):
+                return True
+        return False
 
     def health(self) -> tuple[bool, str]:
         if self.server is None or not self.server.proc.is_alive():
