@@ -11,6 +11,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     from .cluster import cli as cluster_cli
     cluster_cli.add_parser(sub)
+    try:  # the operator needs the `operator` extra (kopf, kubernetes)
+        from .controller import main as operator_main
+    except ImportError:
+        operator_main = None  # type: ignore[assignment]
+    if operator_main is not None:
+        operator_main.add_parser(sub)
     try:  # local mode lives with the tuner runtime; absent when only the operator extra is installed
         from sharetune_tuner import local_cli
     except ImportError:

@@ -57,6 +57,24 @@ class ServerSpec:
 
 
 @dataclass(frozen=True)
+class S3Output:
+    bucket: str
+    secret_name: str
+    endpoint: str | None = None
+    region: str = "us-east-1"
+    prefix: str = ""
+    access_key_id_key: str = "AWS_ACCESS_KEY_ID"
+    secret_access_key_key: str = "AWS_SECRET_ACCESS_KEY"
+    cleanup_on_delete: bool = False
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    config_map: str | None = None  # result ConfigMap name; None = <job>-result
+    s3: S3Output | None = None
+
+
+@dataclass(frozen=True)
 class TuningJobSpec:
     name: str
     model: ModelSpec
@@ -68,6 +86,8 @@ class TuningJobSpec:
     cost_model: str = "xgb"
     seed: int = 0
     builder_workers: int | None = None  # per client; None = the client's CPU count
+    backoff_limit_per_index: int = 3
+    output: OutputSpec = field(default_factory=OutputSpec)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -154,13 +174,35 @@ def parse_spec(name: str, spec: dict[str, Any]) -> TuningJobSpec:
     workers = _get(c, "builderWorkers", int, None, "spec.clients")
     if workers is not None and not 1 <= workers <= 512:
         raise SpecError(f"spec.clients.builderWorkers: {workers} is outside [1, 512]")
+    o = _dict(spec, "output", "spec")
+    s3d = _get(o, "s3", dict, None, "spec.output")
+    s3 = None
+    if s3d is not None:
+        cred = _get(s3d, "credentialsSecret", dict, None, "spec.output.s3")
+        bucket = _get(s3d, "bucket", str, None, "spec.output.s3")
+        if not bucket or not cred or not _get(cred, "name", str, None, "spec.output.s3.credentialsSecret"):
+            raise SpecError("spec.output.s3: bucket and credentialsSecret.name are required")
+        s3 = S3Output(bucket=bucket, secret_name=cred["name"],
+                      endpoint=_get(s3d, "endpoint", str, None, "spec.output.s3"),
+                      region=_get(s3d, "region", str, "us-east-1", "spec.output.s3"),
+                      prefix=_get(s3d, "prefix", str, "", "spec.output.s3").strip("/"),
+                      access_key_id_key=_get(cred, "accessKeyIdKey", str, "AWS_ACCESS_KEY_ID", "spec.output.s3"),
+                      secret_access_key_key=_get(cred, "secretAccessKeyKey", str, "AWS_SECRET_ACCESS_KEY",
+                                                 "spec.output.s3"),
+                      cleanup_on_delete=bool(_get(s3d, "cleanupOnDelete", bool, False, "spec.output.s3")))
+    cmd = _get(o, "configMap", dict, None, "spec.output")
+    if s3 is not None and cmd is not None:
+        raise SpecError("spec.output: set at most one of configMap or s3")
+    output = OutputSpec(config_map=cmd and _get(cmd, "name", str, None, "spec.output.configMap"), s3=s3)
     return TuningJobSpec(
         name=name, model=ModelSpec(name=model_name, onnx=onnx_src, input_shape=shape),
         target=target, trials=trials, servers=servers,
         shards=_int_in(c, "shards", 2, 1, 1024, "spec.clients"),
-        mps=bool(_get(g, "mps", bool, target == "cuda", "spec.gpuSharing")),
+        mps=bool(_get(g, "mps", bool, True, "spec.gpuSharing")),
         cost_model=cost, seed=_int_in(spec, "seed", 0, 0, 2**31 - 1, "spec"),
-        builder_workers=workers, raw=spec,
+        builder_workers=workers,
+        backoff_limit_per_index=_int_in(c, "backoffLimitPerIndex", 3, 0, 100, "spec.clients"),
+        output=output, raw=spec,
     )
 
 

@@ -150,3 +150,25 @@ def test_job_controller_runs_an_indexed_job(k8s, ns: str) -> None:  # type: igno
     job = wait_for("Job complete", lambda: (
         j := batch.read_namespaced_job("idx", ns)).status.succeeded == 3 and j, timeout_s=90)
     assert job.status.completed_indexes == "0-2"
+
+
+def test_sharetune_job_pods_wait_for_their_kubelet(k8s, ns: str) -> None:  # type: ignore[no-untyped-def]
+    """kwok completes ordinary Job pods, but leaves sharetune's Running: tests act as their kubelet."""
+    batch, core = client.BatchV1Api(k8s), client.CoreV1Api(k8s)
+    labels = {"app.kubernetes.io/managed-by": "sharetune"}
+    batch.create_namespaced_job(ns, client.V1Job(
+        metadata=client.V1ObjectMeta(name="held"),
+        spec=client.V1JobSpec(template=client.V1PodTemplateSpec(
+            metadata=client.V1ObjectMeta(labels=labels),
+            spec=client.V1PodSpec(restart_policy="Never", containers=[client.V1Container(name="c", image="x")])))))
+    pod = wait_for("held pod Running", lambda: next(
+        (p for p in core.list_namespaced_pod(ns, label_selector="job-name=held").items
+         if p.status.phase == "Running"), None))
+    time.sleep(3)
+    assert core.read_namespaced_pod(pod.metadata.name, ns).status.phase == "Running"
+    # Acting as the kubelet: the container exits 0, the Job controller counts it.
+    core.patch_namespaced_pod_status(pod.metadata.name, ns, {"status": {
+        "phase": "Succeeded", "containerStatuses": [{
+            "name": "c", "image": "x", "imageID": "", "ready": False, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}})
+    wait_for("Job succeeded", lambda: batch.read_namespaced_job("held", ns).status.succeeded == 1)

@@ -33,12 +33,24 @@ def test_partition_is_deterministic_and_complete(costs, shards, rnd) -> None:  #
 
 @given(task_lists, st.integers(1, 12))
 @settings(max_examples=200, deadline=None)
-def test_partition_is_balanced_within_lpt_bound(costs, shards) -> None:  # type: ignore[no-untyped-def]
+def test_partition_is_balanced_within_list_scheduling_bound(costs, shards) -> None:  # type: ignore[no-untyped-def]
     tasks = tasks_from(costs)
     loads = [sum(t.cost for t in s) for s in partition(tasks, shards)]
-    lower = max(sum(t.cost for t in tasks) / shards, max(t.cost for t in tasks))
-    # Greedy LPT is within 4/3 of the optimal makespan, which is at least `lower`.
-    assert max(loads) <= 4 / 3 * lower * (1 + 1e-9) + 1e-6
+    total, biggest = sum(t.cost for t in tasks), max(t.cost for t in tasks)
+    # The heaviest shard's last task went to the then-lightest shard: load <= average + that task.
+    assert max(loads) <= (total / shards + biggest * (shards - 1) / shards) * (1 + 1e-9)
+
+
+@given(st.lists(st.tuples(st.integers(1, 10**6), st.integers(1, 3)), min_size=1, max_size=7), st.integers(2, 3))
+@settings(max_examples=150, deadline=None)
+def test_partition_is_within_four_thirds_of_optimal(costs, shards) -> None:  # type: ignore[no-untyped-def]
+    import itertools
+
+    tasks = tasks_from([(float(f), w) for f, w in costs])
+    loads = [sum(t.cost for t in s) for s in partition(tasks, shards)]
+    best = min(max(sum(t.cost for t, b in zip(tasks, assign) if b == i) for i in range(shards))
+               for assign in itertools.product(range(shards), repeat=len(tasks)))  # brute-force optimum
+    assert max(loads) <= 4 / 3 * best * (1 + 1e-9)
 
 
 def test_resnet_like_costs_balance_well() -> None:

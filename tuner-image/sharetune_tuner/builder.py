@@ -9,6 +9,8 @@ worker after ``max_uses`` builds instead, which bounds the leak the same way.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from typing import Any
 
 from tvm.ir.utils import derived_object
@@ -17,18 +19,30 @@ from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _wo
 from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
 
 
+def export_shared(mod: Any) -> str:
+    """Exports a built candidate as a linked shared library. The stock export is a ``.tar`` of
+    object files that the RPC server links with ``g++ -shared`` when it loads the module, on its
+    own CPU and inside the measurement's critical path; linking here spreads it over the builder
+    pool. Used with ``runner.SessionRPCRunner``."""
+    path = os.path.join(tempfile.mkdtemp(prefix="sharetune-build-"), "tvm_tmp_mod.so")
+    mod.export_library(path)
+    return path
+
+
 @derived_object
 class PooledBuilder(PyBuilder):
-    def __init__(self, max_workers: int, timeout_sec: float = 60.0, max_uses: int = 64) -> None:
+    def __init__(self, max_workers: int, timeout_sec: float = 60.0, max_uses: int = 64,
+                 export_shared_lib: bool = False) -> None:
         super().__init__()
         self.max_workers = max_workers
         self.timeout_sec = timeout_sec
+        self.f_export = export_shared if export_shared_lib else None
         self.pool = PopenPoolExecutor(max_workers=max_workers, timeout=timeout_sec,
                                       maximum_process_uses=max_uses)
 
     def build(self, build_inputs: list[Any]) -> list[Any]:
         results = []
-        args = [(None, None, b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
+        args = [(None, self.f_export, b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
         for r in self.pool.map_with_error_catching(lambda x: _worker_func(*x), args):
             if r.status == StatusKind.COMPLETE:
                 results.append(BuilderResult(r.value, None))

@@ -79,12 +79,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--work-dir", type=Path, required=True, help="this shard's record directory")
     c.add_argument("--servers", type=int, default=None, help="runner workers (default: spec.servers.replicas)")
     c.add_argument("--tracker-wait", type=float, default=120.0, help="seconds to wait for a server")
+    c.add_argument("--store", default=None, help="configmap://ns/job or s3://bucket/prefix: restore from and "
+                   "upload the shard's records there (what pods do)")
+    c.add_argument("--progress", default=None, help="configmap://ns/job for progress when --store is s3")
+    c.add_argument("--sync-interval", type=float, default=10.0)
+    c.add_argument("--session-runner", action="store_true",
+                   help="keep one RPC session per runner worker (needs --servers <= this client's share)")
     _tracker_args(c)
     _common(c)
 
     g = sub.add_parser("merge", help="merge shard records, compile, check and measure the tuned model")
     g.add_argument("--job", type=Path, required=True)
-    g.add_argument("--shard-dir", type=Path, action="append", required=True, help="repeat per shard")
+    g.add_argument("--shard-dir", type=Path, action="append", default=[], help="repeat per shard")
+    g.add_argument("--store", default=None, help="read shards from / write the result to this store")
+    g.add_argument("--shards", type=int, default=None, help="with --store: how many shards")
+    g.add_argument("--result-configmap", default=None, help="result ConfigMap name (default <job>-result)")
+    g.add_argument("--progress", default=None, help="configmap://ns/job: also put summary.json in the result "
+                   "ConfigMap (when --store is s3)")
     g.add_argument("--out", type=Path, required=True, help="output directory (records + summary.json)")
     g.add_argument("--serve-percentages", default="", help="comma list of MPS %% to report latency at")
     _common(g)
@@ -177,8 +188,27 @@ def _client(a: argparse.Namespace) -> int:
                            total_trials=spec.trials.total, trials_per_task=spec.trials.per_task,
                            trials_per_iter=spec.trials.per_iteration, cost_model=spec.cost_model,
                            seed=spec.seed, builder_workers=spec.builder_workers,
-                           tracker_wait_s=a.tracker_wait)
-        progress = run_client(cfg, model, target)
+                           tracker_wait_s=a.tracker_wait, session_runner=a.session_runner)
+        sync = None
+        if a.store:
+            from .store import ConfigMapStore, open_store
+            from .sync import ShardSync
+
+            store = open_store(a.store)
+            sink = None
+            if a.progress:
+                p = open_store(a.progress)
+                sink = p if isinstance(p, ConfigMapStore) else None
+            sync = ShardSync(store, sink, a.shard, a.work_dir, a.sync_interval)
+            restored = sync.restore()
+            if restored:
+                log.info("restored %d records of shard %d from %s", restored, a.shard, store.uri)
+            sync.start()
+        try:
+            progress = run_client(cfg, model, target)
+        finally:
+            if sync is not None:
+                sync.stop()
         print(json.dumps({"shard": a.shard, "done": progress.done, "budget": progress.budget,
                           "resumed": progress.resumed, "errors": progress.errors}))
         return 0
@@ -192,7 +222,27 @@ def _merge(a: argparse.Namespace) -> int:
 
     spec = _load_spec(a.job)
     serve = [int(x) for x in a.serve_percentages.split(",") if x.strip()]
-    summary = merge_and_report(spec, a.shard_dir, a.out, serve_percentages=serve)
+    shard_dirs = list(a.shard_dir)
+    store = None
+    from .store import open_store, pack, unpack
+
+    if a.store:
+        store = open_store(a.store, a.result_configmap)
+        for i in range(a.shards or spec.shards):
+            data = store.get(f"shard-{i}")
+            if data is None:
+                raise TunerError(f"shard {i} has no records in {store.uri}")
+            unpack(data, a.out / "shards" / f"shard-{i}")
+            shard_dirs.append(a.out / "shards" / f"shard-{i}")
+    if not shard_dirs:
+        raise TunerError("give --shard-dir per shard, or --store")
+    summary = merge_and_report(spec, shard_dirs, a.out, serve_percentages=serve)
+    if store is not None:
+        store.put("result", pack(a.out, ["records", "best", "summary.json"]),
+                  extra={"summary.json": json.dumps(summary)})
+    if a.progress:
+        sink = open_store(a.progress, a.result_configmap)
+        sink.put_text("result", "summary.json", json.dumps(summary))  # type: ignore[union-attr]
     print(json.dumps({k: summary[k] for k in ("records", "speedup", "latency_untuned_ms", "latency_tuned_ms")}))
     return 0
 

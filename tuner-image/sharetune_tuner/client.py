@@ -46,6 +46,9 @@ class ClientConfig:
     population_size: int | None = None  # evolutionary search; None = sized to the batch
     session_timeout_s: int = 60
     tracker_wait_s: float = 60.0
+    # One RPC session per runner worker, kept for the whole shard (runner.SessionRPCRunner), and
+    # candidates linked by the builder. Needs `servers` <= this client's share of the servers.
+    session_runner: bool = False
 
 
 @dataclass
@@ -210,14 +213,17 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     progress.write(progress_path)
 
     cores = cfg.builder_workers or os.cpu_count() or 1
-    builder = PooledBuilder(max_workers=cores, timeout_sec=60.0)
-    runner = ms.runner.RPCRunner(
-        rpc_config=ms.runner.RPCConfig(tracker_host=cfg.tracker_host, tracker_port=cfg.tracker_port,
-                                       tracker_key=cfg.tracker_key,
-                                       session_timeout_sec=cfg.session_timeout_s),
-        evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20),
-        max_workers=cfg.servers,
-    )
+    builder = PooledBuilder(max_workers=cores, timeout_sec=60.0, export_shared_lib=cfg.session_runner)
+    rpc_config = ms.runner.RPCConfig(tracker_host=cfg.tracker_host, tracker_port=cfg.tracker_port,
+                                     tracker_key=cfg.tracker_key, session_timeout_sec=cfg.session_timeout_s)
+    evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20)
+    if cfg.session_runner:
+        from .runner import SessionRPCRunner
+
+        runner = SessionRPCRunner(rpc_config, evaluator, max_workers=cfg.servers,
+                                  candidate_timeout_sec=cfg.session_timeout_s)
+    else:
+        runner = ms.runner.RPCRunner(rpc_config=rpc_config, evaluator_config=evaluator, max_workers=cfg.servers)
     database = ms.database.JSONDatabase(work_dir=str(cfg.work_dir))
     # One cost model for the whole shard: it keeps learning across this shard's tasks.
     cost_model = ms.CostModel.create(cfg.cost_model, num_tuning_cores=cores)

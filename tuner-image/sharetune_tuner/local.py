@@ -118,11 +118,18 @@ class LocalRun:
                     args += ["--pinned-memory-limit", self.spec.servers.pinned_memory_limit]
             self._spawn(f"server-{i}", args)
 
+    def client_args(self, i: int) -> list[str]:
+        # With at least one server per client, each client keeps sessions open on its share of
+        # the servers (runner.SessionRPCRunner); otherwise clients take turns, a session per trial.
+        replicas, shards = self.spec.servers.replicas, self.spec.shards
+        runner = ["--servers", str(replicas // shards), "--session-runner"] if replicas >= shards \
+            else ["--servers", str(replicas)]
+        return ["client", "--job", str(self.job_path), "--shard", str(i), "--shards", str(shards),
+                "--work-dir", str(self.shard_dir(i)), "--tracker", f"127.0.0.1:{self.tracker_port}",
+                "--key", self.key, *runner]
+
     def start_client(self, i: int) -> Proc:
-        return self._spawn(f"client-{i}", [
-            "client", "--job", str(self.job_path), "--shard", str(i), "--shards", str(self.spec.shards),
-            "--work-dir", str(self.shard_dir(i)), "--tracker", f"127.0.0.1:{self.tracker_port}",
-            "--key", self.key, "--servers", str(self.spec.servers.replicas)])
+        return self._spawn(f"client-{i}", self.client_args(i))
 
     def stop_all(self) -> None:
         for p in reversed(self.procs):

@@ -379,6 +379,7 @@ class LocalCluster:
             f"--kubeconfig={self.workdir / 'kwok.kubeconfig'}",
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+            f"--config={Path(__file__).with_name('kwok-stages.yaml')}",
             "--cidr=10.244.0.0/16", "--node-ip=10.244.0.1",
             f"--server-address=127.0.0.1:{self.ports['kwok']}",
         ])

@@ -1,0 +1,63 @@
+"""The baseline: stock TVM MetaSchedule as a user runs it, in one process for the whole model.
+
+The model's K heaviest tasks (the same tasks the sharetune run tunes), ``ms.tune_tasks`` with its
+defaults: LocalBuilder on all cores (a fresh pool per batch), RPCRunner with one worker through
+the tracker to one RPC server on the whole GPU (no MPS), the xgb cost model, the stock
+evolutionary search (population 512), the gradient task scheduler, 64 candidates per batch.
+Only the budget (K x T trials, at most T per task), the seed and the RPC session timeout (30 s
+instead of 10 s, so that no trial is lost to a slow session start) are set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work-dir", type=Path, required=True)
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--target", default="cuda")
+    ap.add_argument("--tasks", type=int, required=True)
+    ap.add_argument("--trials", type=int, required=True, help="per task")
+    ap.add_argument("--tracker", required=True)
+    ap.add_argument("--key", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+
+    t_start = time.time()
+    from tvm.s_tir import meta_schedule as ms
+
+    from common import heaviest
+    from sharetune_tuner.model import load
+    from sharetune_tuner.targets import make_target
+    from sharetune_tuner.tasks import extract
+
+    model = load(name=a.model)
+    target = make_target(a.target)
+    tasks = heaviest(extract(model.mod, target), a.tasks)
+    t_extracted = time.time()
+    host, port = a.tracker.rsplit(":", 1)
+    a.work_dir.mkdir(parents=True, exist_ok=True)
+    ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+        [t.extracted for t in tasks], work_dir=str(a.work_dir / "logs"), seed=a.seed)
+    runner = ms.runner.RPCRunner(rpc_config=ms.runner.RPCConfig(
+        tracker_host=host, tracker_port=int(port), tracker_key=a.key, session_timeout_sec=30))
+    with ms.Profiler() as prof:
+        ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=str(a.work_dir / "logs"),
+                      max_trials_global=a.tasks * a.trials, max_trials_per_task=a.trials,
+                      builder=ms.builder.LocalBuilder(), runner=runner,
+                      database=ms.database.JSONDatabase(work_dir=str(a.work_dir / "db")), cost_model="xgb")
+        phases = {k: round(float(v), 3) for k, v in prof.get().items()}
+    (a.work_dir / "client.json").write_text(json.dumps({
+        "started_at": t_start, "extracted_at": t_extracted, "done_at": time.time(), "phases": phases,
+        "tasks": [{"name": t.info.name, "workload_hash": t.info.workload_hash, "flops": t.info.flops,
+                   "weight": t.info.weight} for t in tasks]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

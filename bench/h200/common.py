@@ -1,0 +1,297 @@
+"""Shared helpers of the H200 benchmark cells: processes, results files, samplers, task choice.
+
+Every cell appends one JSON object (with an ``id``) to a JSON-lines file; a cell whose id is
+already there is skipped, so a sweep resumes across device calls. Results are kept in two places
+on the device: ``bench/results/`` of the copied checkout (carried from the developer's machine,
+so earlier calls' results come along) and ``$BENCH_RUN_ROOT/results`` (survives between calls
+while the machine stays warm); reads take the union, and ``export_results`` copies the merged
+files to ``$OUT`` so they come back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "results"
+RUN_ROOT = Path(os.environ.get("BENCH_RUN_ROOT", "/tmp/sharetune-bench"))
+DEVICE_RESULTS = RUN_ROOT / "results"
+
+
+# ---- results ----------------------------------------------------------------------------------
+def _read_jsonl(p: Path) -> list[dict[str, Any]]:
+    if not p.exists():
+        return []
+    out = []
+    for line in p.read_text().splitlines():
+        line = line.strip()
+        if line:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def load_cells(name: str) -> dict[str, dict[str, Any]]:
+    cells: dict[str, dict[str, Any]] = {}
+    for p in (RESULTS / name, DEVICE_RESULTS / name):
+        for c in _read_jsonl(p):
+            cells[c["id"]] = c
+    return cells
+
+
+def append_cell(name: str, cell: dict[str, Any]) -> None:
+    DEVICE_RESULTS.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(cell) + "\n"
+    with open(DEVICE_RESULTS / name, "a") as f:
+        f.write(line)
+    export_results()
+
+
+def export_results() -> None:
+    """Merged results files to $OUT (what comes back from the device)."""
+    out = os.environ.get("OUT")
+    if not out or not DEVICE_RESULTS.exists():
+        return
+    for p in DEVICE_RESULTS.glob("*.jsonl"):
+        cells = load_cells(p.name)
+        (Path(out) / p.name).write_text("".join(json.dumps(c) + "\n" for c in cells.values()))
+
+
+# ---- processes --------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tuner_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of every tuner process: torch hidden (NOTORCH_PYTHONPATH first), the repo's
+    packages importable, unbuffered output."""
+    env = dict(os.environ)
+    paths = [p for p in (os.environ.get("NOTORCH_PYTHONPATH", ""), str(ROOT / "operator"),
+                         str(ROOT / "tuner-image"), str(ROOT / "bench" / "h200")) if p]
+    env["PYTHONPATH"] = ":".join(paths + [p for p in env.get("PYTHONPATH", "").split(":")
+                                          if p and p not in ":".join(paths)])
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+class Group:
+    """Processes started in their own sessions; stopped by process group (TVM's popen workers too)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        out = open(self.log_dir / f"{name}.log", "ab")
+        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=env, start_new_session=True, cwd=str(ROOT))
+        out.close()
+        self.procs.append((name, p))
+        return p
+
+    def tail(self, name: str, n: int = 30) -> str:
+        try:
+            return "\n".join((self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-n:])
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, grace_s: float = 8.0) -> None:
+        for _, p in reversed(self.procs):
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace_s
+        for _, p in reversed(self.procs):
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+            # the group may have children left even when the leader is gone
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.procs = []
+
+
+def wait_servers(host: str, port: int, key: str, n: int, timeout_s: float = 60.0) -> int:
+    from tvm import rpc
+
+    deadline = time.monotonic() + timeout_s
+    seen = 0
+    while time.monotonic() < deadline:
+        try:
+            summary = rpc.connect_tracker(host, port).summary()
+            seen = sum(1 for s in summary.get("server_info", []) if str(s.get("key", "")).split(":")[-1] == key)
+            if seen >= n:
+                return seen
+        except Exception:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"only {seen} of {n} RPC servers registered under {key!r} after {timeout_s:.0f}s")
+
+
+# ---- MPS --------------------------------------------------------------------------------------
+MPS_PIPE = RUN_ROOT / "mps-pipe"
+MPS_LOG = RUN_ROOT / "mps-log"
+
+
+def mps_env() -> dict[str, str]:
+    return {"CUDA_MPS_PIPE_DIRECTORY": str(MPS_PIPE), "CUDA_MPS_LOG_DIRECTORY": str(MPS_LOG)}
+
+
+def mps_control(cmd: str) -> str:
+    r = subprocess.run(["nvidia-cuda-mps-control"], input=cmd + "\n", capture_output=True, text=True,
+                       env={**os.environ, **mps_env()}, timeout=30)
+    return (r.stdout + r.stderr).strip()
+
+
+def mps_start(default_pct: int | None = None) -> None:
+    MPS_PIPE.mkdir(parents=True, exist_ok=True)
+    MPS_LOG.mkdir(parents=True, exist_ok=True)
+    mps_stop()
+    subprocess.run(["nvidia-cuda-mps-control", "-d"], env={**os.environ, **mps_env()}, check=True)
+    time.sleep(1.0)
+    if default_pct is not None:
+        mps_control(f"set_default_active_thread_percentage {default_pct}")
+
+
+def mps_stop() -> None:
+    try:
+        mps_control("quit")
+    except Exception:
+        pass
+    time.sleep(1.0)
+
+
+# ---- sampling ---------------------------------------------------------------------------------
+class Sampler:
+    """CPU (psutil, whole machine) and GPU (NVML) utilisation, plus the record counts of the
+    databases being written, every ``period_s``: the time line of a tuning run."""
+
+    def __init__(self, db_dirs: list[Path] | None = None, period_s: float = 0.5) -> None:
+        self.db_dirs = db_dirs or []
+        self.period_s = period_s
+        self.samples: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, daemon=True)
+        self._counts = {str(d): 0 for d in self.db_dirs}
+        self._offsets = {str(d): 0 for d in self.db_dirs}
+
+    def _count(self, d: Path) -> int:
+        p = d / "database_tuning_record.json"
+        key = str(d)
+        try:
+            with open(p, "rb") as f:
+                f.seek(self._offsets[key])
+                chunk = f.read()
+        except FileNotFoundError:
+            return self._counts[key]
+        last_nl = chunk.rfind(b"\n")
+        if last_nl >= 0:
+            self._counts[key] += chunk[: last_nl + 1].count(b"\n")
+            self._offsets[key] += last_nl + 1
+        return self._counts[key]
+
+    def _loop(self) -> None:
+        import psutil
+
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:
+            pynvml, h = None, None
+        psutil.cpu_percent(interval=None)
+        while not self._stop.wait(self.period_s):
+            s: dict[str, Any] = {"t": time.time(), "cpu": psutil.cpu_percent(interval=None)}
+            if h is not None:
+                try:
+                    s["gpu"] = pynvml.nvmlDeviceGetUtilizationRates(h).gpu
+                    s["gpu_mem_mb"] = pynvml.nvmlDeviceGetMemoryInfo(h).used // (1 << 20)
+                except Exception:
+                    pass
+            s["records"] = {k: self._count(Path(k)) for k in self._counts}
+            self.samples.append(s)
+
+    def start(self) -> "Sampler":
+        self._t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join(timeout=5)
+
+    def summary(self, t0: float, t1: float) -> dict[str, Any]:
+        xs = [s for s in self.samples if t0 <= s["t"] <= t1]
+        cpu = [s["cpu"] for s in xs]
+        gpu = [s["gpu"] for s in xs if "gpu" in s]
+        return {"samples": len(xs), "period_s": self.period_s,
+                "cpu_util_mean": round(sum(cpu) / len(cpu), 1) if cpu else None,
+                "gpu_util_mean": round(sum(gpu) / len(gpu), 1) if gpu else None,
+                "gpu_mem_max_mb": max((s.get("gpu_mem_mb", 0) for s in xs), default=None)}
+
+    def record_times(self) -> dict[str, list[float]]:
+        """Per database: the time each record line was first seen (resolution ``period_s``)."""
+        out: dict[str, list[float]] = {}
+        for k in self._counts:
+            times: list[float] = []
+            for s in self.samples:
+                n = s["records"].get(k, 0)
+                while len(times) < n:
+                    times.append(s["t"])
+            out[k] = times
+        return out
+
+
+# ---- tasks ------------------------------------------------------------------------------------
+def heaviest(tasks: list[Any], k: int) -> list[Any]:
+    """The ``k`` tasks with the most work in the model (FLOPs x calls): the same order the
+    partitioner uses."""
+    from sharetune_tuner.partition import order
+
+    keep = {t.key for t in order([t.info for t in tasks])[:k]}
+    return [t for t in tasks if t.info.key in keep]
+
+
+def gpu_name() -> str:
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+        return r.stdout.strip()
+    except Exception as e:
+        return f"unknown ({e})"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def copy_tree_small(src: Path, dst: Path) -> None:
+    if src.exists():
+        shutil.copytree(src, dst, dirs_exist_ok=True)

@@ -1,0 +1,225 @@
+"""The kopf reconciler: a thin shell over the pure planner (``sharetune.planner``) and status
+logic (``status.py``).
+
+- create/resume: parse the spec (a bad one -> Failed/InvalidSpec, no crash loop), create every
+  planned child (idempotent), set Pending;
+- spec.servers.replicas changes: scale the servers live;
+- a timer every few seconds: read shard progress (the shards' ConfigMaps), the clients' Indexed
+  Job, the merge Job and the daemon pod; start the merge when every shard is done; move the phase
+  and conditions, emit an Event on every transition; TTL after finish.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+
+from ..planner import DEFAULT_IMAGE, JobRef, names, plan, plan_merge, result_location, shard_object
+from ..spec import API_GROUP, API_VERSION, SpecError, TuningJobSpec, parse_spec
+from . import kube, metrics
+from .status import FAILED, FINAL, MERGING, PENDING, RUNNING, SUCCEEDED, Observed, ShardView, condition, next_phase, now, progress_fields
+
+PLURAL = "tuningjobs"
+log = logging.getLogger("sharetune.operator")
+_api: client.ApiClient | None = None
+TIMER_S = float(os.environ.get("SHARETUNE_STATUS_INTERVAL", "3"))
+
+
+def api() -> client.ApiClient:
+    global _api
+    if _api is None:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        _api = client.ApiClient()
+    return _api
+
+
+def image() -> str:
+    return os.environ.get("SHARETUNE_TUNER_IMAGE", DEFAULT_IMAGE)
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="sharetune.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="sharetune.io", key="last-handled-configuration")
+    settings.persistence.finalizer = "sharetune.io/cleanup"
+    settings.posting.level = logging.WARNING  # kopf's own chatter stays in logs, our Events are explicit
+    settings.watching.server_timeout = 300
+    settings.batching.worker_limit = 32
+    api()
+
+
+def _spec_or_fail(name: str, spec: dict[str, Any], body: Any, patch: kopf.Patch, generation: int | None
+                  ) -> TuningJobSpec | None:
+    try:
+        return parse_spec(name, dict(spec))
+    except SpecError as e:
+        metrics.ERRORS.labels("create", "InvalidSpec").inc()
+        _set_phase(body, patch, FAILED, "InvalidSpec", str(e), generation, {})
+        return None
+
+
+def _set_phase(body: Any, patch: kopf.Patch, phase: str, reason: str, message: str, generation: int | None,
+               status: dict[str, Any]) -> None:
+    conds = list(status.get("conditions") or [])
+    conds = condition(conds, "Ready", "True" if phase == SUCCEEDED else "False", reason, message, generation)
+    conds = condition(conds, "Failed", "True" if phase == FAILED else "False", reason if phase == FAILED else "NotFailed",
+                      message if phase == FAILED else "", generation)
+    conds = condition(conds, "Tuning", "True" if phase == RUNNING else "False", reason, message, generation)
+    patch.status["phase"] = phase
+    patch.status["message"] = message
+    patch.status["conditions"] = conds
+    patch.status["observedGeneration"] = generation
+    if phase in FINAL:
+        patch.status["completionTime"] = now()
+    metrics.TRANSITIONS.labels(phase).inc()
+    (kopf.warn if phase == FAILED else kopf.info)(body, reason=reason or phase, message=f"{phase}: {message}")
+
+
+@kopf.on.create(API_GROUP, API_VERSION, PLURAL)
+@kopf.on.resume(API_GROUP, API_VERSION, PLURAL)
+def ensure_children(body: Any, name: str, namespace: str, uid: str, spec: Any, status: Any, meta: Any,
+                    patch: kopf.Patch, **_: Any) -> None:
+    t0 = time.monotonic()
+    if status.get("phase") in FINAL:
+        return
+    s = _spec_or_fail(name, spec, body, patch, meta.get("generation"))
+    if s is None:
+        return
+    job = JobRef(name, namespace, uid)
+    created = 0
+    for obj in plan(job, s, image()):
+        if kube.create(api(), obj):
+            created += 1
+            metrics.CHILDREN.labels(obj["kind"]).inc()
+    if not status.get("phase"):
+        patch.status["startTime"] = now()
+        patch.status["resultLocation"] = result_location(job, s)
+        _set_phase(body, patch, PENDING, "Created", f"created {created} child objects", meta.get("generation"),
+                   dict(status))
+    metrics.RECONCILE.labels("create").observe(time.monotonic() - t0)
+
+
+@kopf.on.field(API_GROUP, API_VERSION, PLURAL, field="spec.servers.replicas")
+def scale(name: str, namespace: str, new: Any, old: Any, body: Any, status: Any, **_: Any) -> None:
+    if old is None or new is None or status.get("phase") in FINAL:
+        return
+    kube.scale_servers(api(), namespace, names(name)["servers"], int(new))
+    kopf.info(body, reason="Scaled", message=f"servers scaled from {old} to {new}")
+
+
+def observe(job: JobRef, s: TuningJobSpec) -> Observed:
+    core, batch = client.CoreV1Api(api()), client.BatchV1Api(api())
+    n = names(job.name)
+    cms = {cm.metadata.name: cm for cm in core.list_namespaced_config_map(
+        job.namespace, label_selector=f"sharetune.io/job={job.name}").items}
+    shards = []
+    for i in range(s.shards):
+        cm = cms.get(shard_object(job.name, i))
+        shards.append(ShardView.from_progress(i, (cm.data or {}).get("progress.json") if cm else None))
+    obs = Observed(shards=shards)
+    cj = kube.read_or_none(batch.read_namespaced_job, n["clients"], job.namespace)
+    if cj is not None and cj.status is not None:
+        obs.clients_succeeded = cj.status.succeeded or 0
+        obs.clients_failed_indexes = cj.status.failed_indexes
+        for c in cj.status.conditions or []:
+            if c.type == "Failed" and c.status == "True":
+                obs.clients_failed, obs.clients_failed_message = True, f"{c.reason}: {c.message}"
+    mj = kube.read_or_none(batch.read_namespaced_job, n["merge"], job.namespace)
+    if mj is not None:
+        obs.merge_exists = True
+        for c in (mj.status.conditions or []) if mj.status else []:
+            if c.type == "Complete" and c.status == "True":
+                obs.merge_succeeded = True
+            if c.type == "Failed" and c.status == "True":
+                obs.merge_failed, obs.merge_message = True, f"{c.reason}: {c.message}"
+    if obs.merge_succeeded:
+        cm = cms.get(s.output.config_map or n["result"])
+        text = (cm.data or {}).get("summary.json") if cm else None
+        obs.summary = json.loads(text) if text else None
+    if s.uses_mps:
+        pod = kube.read_or_none(core.read_namespaced_pod, n["mps"], job.namespace)
+        for c in (pod.status.conditions or []) if pod and pod.status else []:
+            if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
+                obs.daemon_unschedulable = c.message
+    return obs
+
+
+@kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=TIMER_S, initial_delay=1.0)
+def reconcile_status(body: Any, name: str, namespace: str, uid: str, spec: Any, status: Any, meta: Any,
+                     patch: kopf.Patch, **_: Any) -> None:
+    t0 = time.monotonic()
+    phase = status.get("phase")
+    if phase in FINAL:
+        _maybe_expire(name, namespace, spec, status)
+        return
+    if phase is None:
+        return  # the create handler has not run yet
+    try:
+        s = parse_spec(name, dict(spec))
+    except SpecError:
+        return
+    job = JobRef(name, namespace, uid)
+    obs = observe(job, s)
+    if obs.clients_succeeded >= s.shards and not obs.merge_exists and not obs.clients_failed:
+        if kube.create(api(), plan_merge(job, s, image())):
+            metrics.CHILDREN.labels("Job").inc()
+    new_phase, reason, message = next_phase(phase, obs, s.shards)
+    for k, v in progress_fields(obs, status.get("startTime")).items():
+        if status.get(k) != v:
+            patch.status[k] = v
+    if obs.summary is not None and new_phase == SUCCEEDED:
+        patch.status["bestSpeedup"] = obs.summary.get("speedup")
+        patch.status["untunedLatencyMs"] = obs.summary.get("latency_untuned_ms")
+        patch.status["tunedLatencyMs"] = obs.summary.get("latency_tuned_ms")
+        patch.status["trialsCompleted"] = obs.summary.get("records")
+        patch.status["progressPercent"] = 100
+    if new_phase != phase or (reason and reason != _last_reason(status)):
+        if new_phase != phase:
+            _set_phase(body, patch, new_phase, reason, message, meta.get("generation"), dict(status))
+        elif new_phase == PENDING and reason == "GpuUnavailable":
+            _set_phase(body, patch, new_phase, reason, message, meta.get("generation"), dict(status))
+    metrics.RECONCILE.labels("status").observe(time.monotonic() - t0)
+
+
+def _last_reason(status: Any) -> str | None:
+    for c in status.get("conditions") or []:
+        if c.get("type") == "Ready":
+            return c.get("reason")
+    return None
+
+
+def _maybe_expire(name: str, namespace: str, spec: Any, status: Any) -> None:
+    ttl = spec.get("ttlSecondsAfterFinished")
+    done = status.get("completionTime")
+    if ttl is None or not done:
+        return
+    finished = dt.datetime.fromisoformat(done.replace("Z", "+00:00"))
+    if (dt.datetime.now(dt.timezone.utc) - finished).total_seconds() >= ttl:
+        client.CustomObjectsApi(api()).delete_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
+
+
+@kopf.on.event(API_GROUP, API_VERSION, PLURAL)
+def count_phases(event: Any, **_: Any) -> None:
+    """Keeps the jobs-by-phase gauge from the watch stream itself (no extra API calls)."""
+    _phases[event["object"]["metadata"]["uid"]] = (event["object"].get("status") or {}).get("phase", "Pending")
+    if event["type"] == "DELETED":
+        _phases.pop(event["object"]["metadata"]["uid"], None)
+    counts: dict[str, int] = {p: 0 for p in (PENDING, RUNNING, MERGING, SUCCEEDED, FAILED)}
+    for p in _phases.values():
+        counts[p] = counts.get(p, 0) + 1
+    for p, n in counts.items():
+        metrics.JOBS.labels(p).set(n)
+
+
+_phases: dict[str, str] = {}

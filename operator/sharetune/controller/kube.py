@@ -1,0 +1,47 @@
+"""Idempotent creation of child objects: a deterministic name per child, 409 = already there.
+
+Running the reconciler again (operator restart at any point) therefore never duplicates
+children; what exists is left as it is, except the fields we manage explicitly (replicas).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+
+def create(api: client.ApiClient, obj: dict[str, Any]) -> bool:
+    """Creates ``obj``; False when it already existed."""
+    kind, ns = obj["kind"], obj["metadata"]["namespace"]
+    fn = {
+        "ConfigMap": client.CoreV1Api(api).create_namespaced_config_map,
+        "ServiceAccount": client.CoreV1Api(api).create_namespaced_service_account,
+        "Service": client.CoreV1Api(api).create_namespaced_service,
+        "Pod": client.CoreV1Api(api).create_namespaced_pod,
+        "Role": client.RbacAuthorizationV1Api(api).create_namespaced_role,
+        "RoleBinding": client.RbacAuthorizationV1Api(api).create_namespaced_role_binding,
+        "Deployment": client.AppsV1Api(api).create_namespaced_deployment,
+        "Job": client.BatchV1Api(api).create_namespaced_job,
+    }[kind]
+    try:
+        fn(ns, obj)
+    except ApiException as e:
+        if e.status == 409:
+            return False
+        raise
+    return True
+
+
+def scale_servers(api: client.ApiClient, namespace: str, name: str, replicas: int) -> None:
+    client.AppsV1Api(api).patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
+
+
+def read_or_none(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise

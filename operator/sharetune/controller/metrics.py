@@ -1,0 +1,12 @@
+"""Operator metrics (prometheus-client): jobs by phase, reconcile time, errors, children."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+JOBS = Gauge("sharetune_operator_jobs", "TuningJobs seen, by phase", ["phase"])
+RECONCILE = Histogram("sharetune_operator_reconcile_seconds", "Time per reconcile", ["handler"],
+                      buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10))
+ERRORS = Counter("sharetune_operator_errors", "Reconcile errors", ["handler", "reason"])
+CHILDREN = Counter("sharetune_operator_children_created", "Child objects created", ["kind"])
+TRANSITIONS = Counter("sharetune_operator_phase_transitions", "Phase transitions", ["phase"])

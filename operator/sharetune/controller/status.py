@@ -1,0 +1,113 @@
+"""From what the cluster shows to the job's status: pure functions, unit-tested without a cluster."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+PENDING, RUNNING, MERGING, SUCCEEDED, FAILED = "Pending", "Running", "Merging", "Succeeded", "Failed"
+FINAL = (SUCCEEDED, FAILED)
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def condition(conditions: list[dict[str, Any]], type_: str, status: str, reason: str, message: str,
+              generation: int | None) -> list[dict[str, Any]]:
+    """Sets one condition; lastTransitionTime only moves when the status changes (API conventions)."""
+    out = [dict(c) for c in conditions]
+    for c in out:
+        if c["type"] == type_:
+            if c["status"] != status:
+                c["lastTransitionTime"] = now()
+            c.update(status=status, reason=reason, message=message, observedGeneration=generation)
+            return out
+    out.append({"type": type_, "status": status, "reason": reason, "message": message,
+                "observedGeneration": generation, "lastTransitionTime": now()})
+    return out
+
+
+@dataclass
+class ShardView:
+    index: int
+    state: str = "starting"
+    done: int = 0
+    budget: int = 0
+    best_s: float | None = None
+    resumed: int = 0
+
+    @classmethod
+    def from_progress(cls, index: int, text: str | None) -> "ShardView":
+        if not text:
+            return cls(index)
+        try:
+            p = json.loads(text)
+        except ValueError:
+            return cls(index)
+        best = [t["best_s"] for t in p.get("tasks", []) if t.get("best_s")]
+        return cls(index, p.get("state", "starting"), int(p.get("done", 0)), int(p.get("budget", 0)),
+                   min(best) if best else None, int(p.get("resumed", 0)))
+
+    def as_status(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"index": self.index, "state": self.state, "done": self.done, "budget": self.budget}
+        if self.best_s is not None:
+            d["bestLatencyUs"] = round(self.best_s * 1e6, 3)
+        return d
+
+
+@dataclass
+class Observed:
+    shards: list[ShardView]
+    clients_succeeded: int = 0
+    clients_failed_indexes: str | None = None
+    clients_failed: bool = False
+    clients_failed_message: str = ""
+    merge_exists: bool = False
+    merge_succeeded: bool = False
+    merge_failed: bool = False
+    merge_message: str = ""
+    summary: dict[str, Any] | None = None
+    daemon_unschedulable: str | None = None  # the scheduler's message
+    started_at: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def progress_fields(obs: Observed, started: str | None) -> dict[str, Any]:
+    done = sum(s.done for s in obs.shards)
+    budget = sum(s.budget for s in obs.shards)
+    fields: dict[str, Any] = {"shards": [s.as_status() for s in obs.shards], "trialsCompleted": done,
+                              "trialsTotal": budget,
+                              "progressPercent": int(100 * done / budget) if budget else 0}
+    if started:
+        t0 = dt.datetime.fromisoformat(started.replace("Z", "+00:00"))
+        elapsed = (dt.datetime.now(dt.timezone.utc) - t0).total_seconds()
+        fresh = done - sum(s.resumed for s in obs.shards if s.state != "starting")
+        if elapsed > 0:
+            fields["trialsPerSecond"] = round(max(fresh, done) / elapsed, 4)
+    return fields
+
+
+def next_phase(current: str | None, obs: Observed, shards: int) -> tuple[str, str, str]:
+    """(phase, reason, message) the job should be in now."""
+    if current in FINAL:
+        return current, "", ""
+    if obs.clients_failed:
+        return FAILED, "ShardFailed", (f"shard(s) {obs.clients_failed_indexes or '?'} failed after their retries: "
+                                       f"{obs.clients_failed_message}")
+    if obs.merge_failed:
+        return FAILED, "MergeFailed", obs.merge_message or "the merge job failed"
+    if obs.merge_succeeded:
+        if obs.summary is None:
+            return FAILED, "ResultMissing", "the merge job succeeded but its summary is not in the output store"
+        return SUCCEEDED, "Merged", (f"{obs.summary.get('records')} trials merged; "
+                                     f"{obs.summary.get('speedup')}x faster than untuned")
+    if obs.clients_succeeded >= shards:
+        return MERGING, "ShardsDone", f"all {shards} shards done; merging"
+    if obs.daemon_unschedulable:
+        return PENDING, "GpuUnavailable", f"the MPS daemon cannot be scheduled: {obs.daemon_unschedulable}"
+    if any(s.state in ("tuning", "done") for s in obs.shards):
+        return RUNNING, "Tuning", "clients are tuning"
+    return (current or PENDING), "Starting", "waiting for tracker, servers and clients"

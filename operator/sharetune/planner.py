@@ -1,0 +1,335 @@
+"""Spec -> desired Kubernetes objects. Pure: no kopf, no kubernetes client, no TVM.
+
+The reconciler only applies what this module returns, so everything about placement, limits,
+security and naming is unit-testable without a cluster.
+
+Privileges, kept minimal and stated:
+- The MPS daemon pod is the only one that requests a GPU (``nvidia.com/gpu: 1``) and the only
+  one running as root: it creates the per-job pipe/log directory on the host (hostPath
+  ``/run/sharetune/mps/<namespace>-<job>``) that the servers, a different pod, must reach, and
+  makes it usable by the tuner UID. It is not privileged and does not escalate. We do not switch
+  the GPU to EXCLUSIVE_PROCESS (that needs a privileged pod); MPS works in DEFAULT compute mode.
+- Daemon and servers use ``hostIPC``: MPS clients and the MPS server exchange memory handles
+  through /dev/shm of the host IPC namespace.
+- Servers do not request the GPU (the device plugin would hand out a second one); they follow the
+  daemon onto its node (pod affinity) and see the GPU through ``NVIDIA_VISIBLE_DEVICES``.
+- All other pods: non-root UID 1000, no privilege escalation, all capabilities dropped,
+  read-only root filesystem with an emptyDir for scratch.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from .spec import API_GROUP, API_VERSION, KIND, TuningJobSpec
+
+TRACKER_PORT = 9190
+SERVER_PORT = 9091
+METRICS_PORT = 9400
+TUNER_UID = 1000
+MPS_HOST_ROOT = "/run/sharetune/mps"
+DEFAULT_IMAGE = "localhost/sharetune-tuner:0.1.0"
+
+
+@dataclass(frozen=True)
+class JobRef:
+    name: str
+    namespace: str
+    uid: str
+
+
+def names(job: str) -> dict[str, str]:
+    return {
+        "spec": f"{job}-spec", "sa": f"{job}-tuner", "mps": f"{job}-mps", "tracker": f"{job}-tracker",
+        "servers": f"{job}-servers", "clients": f"{job}-clients", "merge": f"{job}-merge",
+        "result": f"{job}-result",
+    }
+
+
+def shard_object(job: str, i: int) -> str:
+    """The per-shard ConfigMap: progress (always) and, for ConfigMap output, the records."""
+    return f"{job}-shard-{i}"
+
+
+def labels(job: str, component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "sharetune", "app.kubernetes.io/instance": job,
+            "app.kubernetes.io/component": component, "app.kubernetes.io/managed-by": "sharetune",
+            "sharetune.io/job": job}
+
+
+def selector(job: str, component: str) -> dict[str, str]:
+    return {"sharetune.io/job": job, "app.kubernetes.io/component": component}
+
+
+def owner(job: JobRef) -> dict[str, Any]:
+    return {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "name": job.name, "uid": job.uid,
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def _meta(job: JobRef, name: str, component: str) -> dict[str, Any]:
+    return {"name": name, "namespace": job.namespace, "labels": labels(job.name, component),
+            "ownerReferences": [owner(job)]}
+
+
+def store_uri(job: JobRef, spec: TuningJobSpec) -> str:
+    s3 = spec.output.s3
+    if s3 is not None:
+        prefix = f"{s3.prefix}/" if s3.prefix else ""
+        return f"s3://{s3.bucket}/{prefix}{job.namespace}/{job.name}"
+    return f"configmap://{job.namespace}/{job.name}"
+
+
+def result_location(job: JobRef, spec: TuningJobSpec) -> str:
+    if spec.output.s3 is not None:
+        return store_uri(job, spec) + "/result"
+    return f"configmap://{job.namespace}/{spec.output.config_map or names(job.name)['result']}"
+
+
+def _restricted() -> dict[str, Any]:
+    return {"runAsNonRoot": True, "runAsUser": TUNER_UID, "runAsGroup": TUNER_UID,
+            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _store_env(spec: TuningJobSpec) -> list[dict[str, Any]]:
+    s3 = spec.output.s3
+    if s3 is None:
+        return []
+    env: list[dict[str, Any]] = [
+        {"name": "AWS_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef": {"name": s3.secret_name, "key": s3.access_key_id_key}}},
+        {"name": "AWS_SECRET_ACCESS_KEY",
+         "valueFrom": {"secretKeyRef": {"name": s3.secret_name, "key": s3.secret_access_key_key}}},
+        {"name": "AWS_DEFAULT_REGION", "value": s3.region},
+    ]
+    if s3.endpoint:
+        env.append({"name": "SHARETUNE_S3_ENDPOINT", "value": s3.endpoint})
+    return env
+
+
+def _container(spec: TuningJobSpec, image: str, name: str, args: list[str], *, env: list[dict[str, Any]] | None = None,
+               resources: dict[str, Any] | None = None, security: dict[str, Any] | None = None,
+               mounts: list[dict[str, Any]] | None = None, probe: bool = True) -> dict[str, Any]:
+    c: dict[str, Any] = {
+        "name": name, "image": image, "imagePullPolicy": spec.raw.get("imagePullPolicy", "IfNotPresent"),
+        "args": args, "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, *(env or [])],
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
+        "securityContext": security if security is not None else _restricted(),
+        "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}, *(mounts or [])],
+    }
+    if resources:
+        c["resources"] = copy.deepcopy(resources)
+    if probe:
+        c["livenessProbe"] = {"httpGet": {"path": "/healthz", "port": "metrics"}, "initialDelaySeconds": 20,
+                              "periodSeconds": 20, "failureThreshold": 3}
+    return c
+
+
+def _pod_spec(spec: TuningJobSpec, containers: list[dict[str, Any]], *, volumes: list[dict[str, Any]] | None = None,
+              gpu_placement: bool = False, service_account: str | None = None, **extra: Any) -> dict[str, Any]:
+    p: dict[str, Any] = {
+        "containers": containers,
+        "volumes": [{"name": "scratch", "emptyDir": {}}, *(volumes or [])],
+        "automountServiceAccountToken": service_account is not None,
+        "enableServiceLinks": False,
+        **extra,
+    }
+    if service_account:
+        p["serviceAccountName"] = service_account
+    if spec.raw.get("tolerations"):
+        p["tolerations"] = copy.deepcopy(spec.raw["tolerations"])
+    if gpu_placement:
+        if spec.raw.get("nodeSelector"):
+            p["nodeSelector"] = dict(spec.raw["nodeSelector"])
+        if spec.raw.get("affinity"):
+            p["affinity"] = copy.deepcopy(spec.raw["affinity"])
+    return p
+
+
+def _job_spec_volume(job: JobRef) -> tuple[dict[str, Any], dict[str, Any]]:
+    vol = {"name": "job", "configMap": {"name": names(job.name)["spec"]}}
+    mount = {"name": "job", "mountPath": "/etc/sharetune", "readOnly": True}
+    return vol, mount
+
+
+def _mps_host_dir(job: JobRef) -> str:
+    return f"{MPS_HOST_ROOT}/{job.namespace}-{job.name}"
+
+
+def _mps_client_parts(job: JobRef) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    vol = {"name": "mps", "hostPath": {"path": _mps_host_dir(job), "type": "DirectoryOrCreate"}}
+    mount = {"name": "mps", "mountPath": "/mps"}
+    env = [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/mps/pipe"},
+           {"name": "CUDA_MPS_LOG_DIRECTORY", "value": "/mps/log"},
+           {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+           {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}]
+    return vol, mount, env
+
+
+def _follow_daemon(job: JobRef) -> dict[str, Any]:
+    return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "labelSelector": {"matchLabels": selector(job.name, "mps-daemon")},
+        "topologyKey": "kubernetes.io/hostname"}]}}
+
+
+def job_manifest(job: JobRef, spec: TuningJobSpec) -> str:
+    """What the tuner pods read (--job): the same TuningJob document local mode reads."""
+    return yaml.safe_dump({"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND,
+                           "metadata": {"name": job.name, "namespace": job.namespace}, "spec": spec.raw},
+                          sort_keys=True)
+
+
+def plan(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE) -> list[dict[str, Any]]:
+    """Every object the running job needs (the merge Job comes later: :func:`plan_merge`)."""
+    image = spec.raw.get("image") or image
+    n = names(job.name)
+    objs: list[dict[str, Any]] = []
+    objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, n["spec"], "spec"),
+                 "data": {"job.yaml": job_manifest(job, spec)}})
+    objs += _rbac(job, spec)
+    objs += [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, shard_object(job.name, i), "shard"),
+              "data": {}} for i in range(spec.shards)]
+    # Pre-created so the tuner Role can name it; the merge writes summary.json (and, for
+    # ConfigMap output, the records) into it. S3 output keeps only the summary here.
+    objs.append({"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": _meta(job, spec.output.config_map or n["result"], "result"), "data": {}})
+    if spec.uses_mps:
+        objs.append(_mps_daemon(job, spec, image))
+    objs += _tracker(job, spec, image)
+    objs.append(_servers(job, spec, image))
+    objs.append(_clients(job, spec, image))
+    return objs
+
+
+def _rbac(job: JobRef, spec: TuningJobSpec) -> list[dict[str, Any]]:
+    """The tuner pods' identity: update their own shard/result ConfigMaps, nothing else. Secrets
+    reach them as env from secretKeyRef (kubelet reads them), never through the API."""
+    n = names(job.name)
+    resource_names = [shard_object(job.name, i) for i in range(spec.shards)]
+    resource_names.append(spec.output.config_map or n["result"])
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(job, n["sa"], "rbac"),
+         "automountServiceAccountToken": False},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(job, n["sa"], "rbac"),
+         "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": resource_names,
+                    "verbs": ["get", "update", "patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(job, n["sa"], "rbac"),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": n["sa"]},
+         "subjects": [{"kind": "ServiceAccount", "name": n["sa"], "namespace": job.namespace}]},
+    ]
+
+
+def _mps_daemon(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
+    vol, mount, env = _mps_client_parts(job)
+    args = ["mps-daemon", "--pipe-dir", "/mps/pipe", "--log-dir", "/mps/log",
+            "--thread-percentage", str(spec.servers.thread_percentage), "--metrics-port", str(METRICS_PORT)]
+    if spec.servers.pinned_memory_limit:
+        args += ["--pinned-memory-limit", spec.servers.pinned_memory_limit]
+    root = {"runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False, "privileged": False,
+            "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]},
+            "readOnlyRootFilesystem": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    c = _container(spec, image, "mps-daemon", args, env=[e for e in env if e["name"] != "NVIDIA_VISIBLE_DEVICES"],
+                   resources={"limits": {"nvidia.com/gpu": 1}}, security=root, mounts=[mount])
+    c["readinessProbe"] = {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 5}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": _meta(job, names(job.name)["mps"], "mps-daemon"),
+            "spec": _pod_spec(spec, [c], volumes=[vol], gpu_placement=True, hostIPC=True,
+                              restartPolicy="Always", terminationGracePeriodSeconds=30)}
+
+
+def _tracker(job: JobRef, spec: TuningJobSpec, image: str) -> list[dict[str, Any]]:
+    n = names(job.name)
+    c = _container(spec, image, "tracker", ["tracker", "--port", str(TRACKER_PORT), "--metrics-port", str(METRICS_PORT)])
+    c["ports"].append({"name": "tracker", "containerPort": TRACKER_PORT})
+    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(job, n["tracker"], "tracker"),
+           "spec": {"replicas": 1, "strategy": {"type": "Recreate"},
+                    "selector": {"matchLabels": selector(job.name, "tracker")},
+                    "template": {"metadata": {"labels": labels(job.name, "tracker")},
+                                 "spec": _pod_spec(spec, [c])}}}
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": _meta(job, n["tracker"], "tracker"),
+           "spec": {"selector": selector(job.name, "tracker"),
+                    "ports": [{"name": "tracker", "port": TRACKER_PORT, "targetPort": "tracker"},
+                              {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}]}}
+    return [dep, svc]
+
+
+def _servers(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
+    n = names(job.name)
+    args = ["server", "--tracker", f"{n['tracker']}:{TRACKER_PORT}", "--key", job.name,
+            "--port", str(SERVER_PORT), "--port-end", str(SERVER_PORT + 1), "--metrics-port", str(METRICS_PORT)]
+    env: list[dict[str, Any]] = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    volumes, mounts, extra = [], [], {}
+    resources = copy.deepcopy(spec.raw.get("servers", {}).get("resources") or {})
+    if spec.uses_mps:
+        vol, mount, mps_env = _mps_client_parts(job)
+        volumes, mounts = [vol], [mount]
+        env += mps_env
+        env.append({"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": str(spec.servers.thread_percentage)})
+        if spec.servers.pinned_memory_limit:
+            env.append({"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": f"0={spec.servers.pinned_memory_limit}"})
+        args += ["--thread-percentage", str(spec.servers.thread_percentage)]
+        if spec.servers.pinned_memory_limit:
+            args += ["--pinned-memory-limit", spec.servers.pinned_memory_limit]
+        extra = {"hostIPC": True, "affinity": _follow_daemon(job)}
+    elif spec.target == "cuda":
+        # No MPS: the stock way, each server owns a whole GPU.
+        resources.setdefault("limits", {})["nvidia.com/gpu"] = 1
+    c = _container(spec, image, "server", args, env=env, resources=resources, mounts=mounts)
+    c["ports"].append({"name": "rpc", "containerPort": SERVER_PORT})
+    pod = _pod_spec(spec, [c], volumes=volumes, gpu_placement=spec.target == "cuda" and not spec.uses_mps, **extra)
+    if spec.uses_mps and spec.raw.get("affinity"):
+        pod["affinity"] = {**copy.deepcopy(spec.raw["affinity"]), **_follow_daemon(job)}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(job, n["servers"], "server"),
+            "spec": {"replicas": spec.servers.replicas,
+                     "selector": {"matchLabels": selector(job.name, "server")},
+                     "template": {"metadata": {"labels": labels(job.name, "server")}, "spec": pod}}}
+
+
+def _clients(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
+    n = names(job.name)
+    vol, mount = _job_spec_volume(job)
+    args = ["client", "--job", "/etc/sharetune/job.yaml", "--work-dir", "/work/shard",
+            "--tracker", f"{n['tracker']}:{TRACKER_PORT}", "--key", job.name,
+            "--servers", str(spec.servers.replicas), "--store", store_uri(job, spec),
+            "--metrics-port", str(METRICS_PORT)]
+    if spec.output.s3 is not None:  # progress still goes to the shard's ConfigMap
+        args += ["--progress", f"configmap://{job.namespace}/{job.name}"]
+    c = _container(spec, image, "client", args, env=_store_env(spec),
+                   resources=spec.raw.get("clients", {}).get("resources"),
+                   mounts=[mount, {"name": "work", "mountPath": "/work"}], probe=False)
+    pod = _pod_spec(spec, [c], volumes=[vol, {"name": "work", "emptyDir": {}}], service_account=n["sa"],
+                    restartPolicy="Never")
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job, n["clients"], "client"),
+            "spec": {"completionMode": "Indexed", "completions": spec.shards, "parallelism": spec.shards,
+                     "backoffLimitPerIndex": spec.backoff_limit_per_index,
+                     "template": {"metadata": {"labels": labels(job.name, "client")}, "spec": pod}}}
+
+
+def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE) -> dict[str, Any]:
+    """The merge Job, created once every shard is done. On a GPU job it measures the tuned model
+    on the job's GPU as one more MPS client at 100%."""
+    image = spec.raw.get("image") or image
+    n = names(job.name)
+    vol, mount = _job_spec_volume(job)
+    args = ["merge", "--job", "/etc/sharetune/job.yaml", "--store", store_uri(job, spec),
+            "--shards", str(spec.shards), "--out", "/work/out", "--metrics-port", str(METRICS_PORT)]
+    if spec.output.config_map:
+        args += ["--result-configmap", spec.output.config_map]
+    if spec.output.s3 is not None:  # the summary also goes to the result ConfigMap, for status
+        args += ["--progress", f"configmap://{job.namespace}/{job.name}"]
+    env = _store_env(spec)
+    volumes = [vol, {"name": "work", "emptyDir": {}}]
+    mounts = [mount, {"name": "work", "mountPath": "/work"}]
+    extra: dict[str, Any] = {}
+    if spec.uses_mps:
+        mvol, mmount, menv = _mps_client_parts(job)
+        volumes.append(mvol)
+        mounts.append(mmount)
+        env += menv
+        extra = {"hostIPC": True, "affinity": _follow_daemon(job)}
+    c = _container(spec, image, "merge", args, env=env, mounts=mounts, probe=False)
+    pod = _pod_spec(spec, [c], volumes=volumes, service_account=n["sa"], restartPolicy="Never", **extra)
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job, n["merge"], "merge"),
+            "spec": {"backoffLimit": 2, "template": {"metadata": {"labels": labels(job.name, "merge")}, "spec": pod}}}

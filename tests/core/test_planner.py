@@ -1,0 +1,105 @@
+"""The pure planner: spec -> desired objects, checked without a cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sharetune.planner import JobRef, plan, plan_merge, store_uri
+from sharetune.spec import parse_spec
+
+JOB = JobRef("tj", "ns1", "uid-1")
+
+
+def by_kind(objs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for o in objs:
+        out.setdefault(o["kind"], []).append(o)
+    return out
+
+
+def containers(o: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = o["spec"]["template"]["spec"] if "template" in o["spec"] else o["spec"]
+    return spec["containers"]
+
+
+def pod_spec(o: dict[str, Any]) -> dict[str, Any]:
+    return o["spec"]["template"]["spec"] if "template" in o["spec"] else o["spec"]
+
+
+def test_every_child_is_owned_and_labelled() -> None:
+    s = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda"})
+    for o in [*plan(JOB, s), plan_merge(JOB, s)]:
+        m = o["metadata"]
+        assert m["namespace"] == "ns1" and m["name"].startswith("tj-")
+        assert m["ownerReferences"] == [{"apiVersion": "sharetune.io/v1alpha1", "kind": "TuningJob", "name": "tj",
+                                         "uid": "uid-1", "controller": True, "blockOwnerDeletion": True}]
+        assert m["labels"]["sharetune.io/job"] == "tj" and m["labels"]["app.kubernetes.io/managed-by"] == "sharetune"
+
+
+def test_cpu_job_has_no_daemon_and_requests_no_gpu() -> None:
+    s = parse_spec("tj", {"model": {"name": "tiny_cnn"}, "target": "llvm"})
+    objs = plan(JOB, s)
+    assert not [o for o in objs if o["kind"] == "Pod"]
+    for o in objs:
+        if o["kind"] in ("Deployment", "Job"):
+            assert "gpu" not in str(o).lower().replace("gpusharing", "")
+            assert not pod_spec(o).get("hostIPC")
+
+
+def test_cuda_without_mps_gives_each_server_a_gpu() -> None:
+    s = parse_spec("tj", {"model": {"name": "tiny_cnn"}, "target": "cuda", "gpuSharing": {"mps": False}})
+    k = by_kind(plan(JOB, s))
+    assert "Pod" not in k
+    srv = next(d for d in k["Deployment"] if d["metadata"]["name"] == "tj-servers")
+    assert containers(srv)[0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_mps_job_daemon_servers_and_security() -> None:
+    s = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda",
+                          "servers": {"replicas": 4, "threadPercentage": 25, "pinnedMemoryLimit": "2G"}})
+    k = by_kind(plan(JOB, s))
+    daemon = k["Pod"][0]
+    dc = containers(daemon)[0]
+    assert dc["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    assert dc["securityContext"]["runAsUser"] == 0 and dc["securityContext"]["privileged"] is False
+    assert dc["securityContext"]["allowPrivilegeEscalation"] is False
+    assert pod_spec(daemon)["hostIPC"] is True
+    srv = next(d for d in k["Deployment"] if d["metadata"]["name"] == "tj-servers")
+    assert srv["spec"]["replicas"] == 4
+    sc = containers(srv)[0]
+    env = {e["name"]: e.get("value") for e in sc["env"]}
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25" and env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2G"
+    assert "resources" not in sc or "nvidia.com/gpu" not in str(sc["resources"])
+    term = pod_spec(srv)["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == {"sharetune.io/job": "tj", "app.kubernetes.io/component": "mps-daemon"}
+    # Every pod but the daemon: non-root, no escalation, capabilities dropped, read-only root.
+    for o in [*k["Deployment"], *k["Job"], plan_merge(JOB, s)]:
+        for c in containers(o):
+            sec = c["securityContext"]
+            assert sec["runAsNonRoot"] and sec["runAsUser"] == 1000 and not sec["allowPrivilegeEscalation"]
+            assert sec["capabilities"] == {"drop": ["ALL"]} and sec["readOnlyRootFilesystem"]
+
+
+def test_clients_are_an_indexed_job_and_credentials_come_from_a_secret() -> None:
+    s = parse_spec("tj", {"model": {"name": "resnet18"}, "clients": {"shards": 5, "backoffLimitPerIndex": 2},
+                          "output": {"s3": {"bucket": "bkt", "prefix": "runs/", "endpoint": "http://s3:9000",
+                                            "credentialsSecret": {"name": "creds"}}}})
+    job = next(o for o in plan(JOB, s) if o["kind"] == "Job")
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 5
+    assert job["spec"]["parallelism"] == 5 and job["spec"]["backoffLimitPerIndex"] == 2
+    c = containers(job)[0]
+    assert c["args"][c["args"].index("--store") + 1] == "s3://bkt/runs/ns1/tj" == store_uri(JOB, s)
+    env = {e["name"]: e for e in c["env"]}
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "creds", "key": "AWS_SECRET_ACCESS_KEY"}}
+    assert "value" not in env["AWS_ACCESS_KEY_ID"]  # never inline
+    assert pod_spec(job)["serviceAccountName"] == "tj-tuner"
+
+
+def test_scheduling_fields_reach_the_gpu_pods() -> None:
+    s = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda",
+                          "nodeSelector": {"gpu": "h200"}, "tolerations": [{"key": "gpu", "operator": "Exists"}]})
+    k = by_kind(plan(JOB, s))
+    assert pod_spec(k["Pod"][0])["nodeSelector"] == {"gpu": "h200"}
+    for o in [*k["Deployment"], *k["Job"]]:
+        assert pod_spec(o)["tolerations"] == [{"key": "gpu", "operator": "Exists"}]

@@ -1,0 +1,113 @@
+"""The operator, in-process (kopf's KopfRunner), against the session's real control plane."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+CRD = Path(__file__).parents[2] / "crds" / "tuningjobs.sharetune.io.yaml"
+GROUP, VERSION, PLURAL = "sharetune.io", "v1alpha1", "tuningjobs"
+
+
+def wait_for(what: str, fn: Callable[[], Any], timeout_s: float = 60.0, every: float = 0.3) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="session")
+def crd(k8s) -> None:  # type: ignore[no-untyped-def]
+    ext = client.ApiextensionsV1Api(k8s)
+    body = yaml.safe_load(CRD.read_text())
+    try:
+        ext.create_custom_resource_definition(body)
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
+    wait_for("CRD established", lambda: any(
+        c.type == "Established" and c.status == "True"
+        for c in (ext.read_custom_resource_definition(body["metadata"]["name"]).status.conditions or [])))
+
+
+class Operator:
+    """Starts/stops the kopf operator in a thread of this process (restartable mid-test)."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.runner: Any = None
+
+    def start(self) -> None:
+        from kopf.testing import KopfRunner
+
+        os.environ["KUBECONFIG"] = str(self.kubeconfig)
+        os.environ["SHARETUNE_STATUS_INTERVAL"] = "1"
+        self.runner = KopfRunner(["run", "-A", "--standalone", "-m", "sharetune.controller.handlers"],
+                                 timeout=60)
+        self.runner.__enter__()
+
+    def stop(self) -> None:
+        if self.runner is not None:
+            self.runner.__exit__(None, None, None)
+            self.runner = None
+
+
+@pytest.fixture(scope="session")
+def operator(cluster, crd) -> Iterator[Operator]:  # type: ignore[no-untyped-def]
+    op = Operator(cluster.kubeconfig)
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+@pytest.fixture()
+def ns(k8s) -> str:  # type: ignore[no-untyped-def]
+    name = f"op-{uuid.uuid4().hex[:6]}"
+    client.CoreV1Api(k8s).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    return name
+
+
+def tuning_job(name: str, **spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"model": {"name": "tiny_cnn", "inputShape": [1, 3, 64, 64]}, "target": "llvm",
+                            "trials": {"total": 8, "perTask": 4, "perIteration": 2},
+                            "servers": {"replicas": 1}, "clients": {"shards": 2, "builderWorkers": 1}}
+    base.update(spec)
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TuningJob", "metadata": {"name": name}, "spec": base}
+
+
+def get_job(k8s: Any, ns: str, name: str) -> dict[str, Any]:
+    return client.CustomObjectsApi(k8s).get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+
+
+def create_job(k8s: Any, ns: str, body: dict[str, Any]) -> dict[str, Any]:
+    return client.CustomObjectsApi(k8s).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+
+
+def finish_pod(k8s: Any, ns: str, pod: str, exit_code: int) -> None:
+    """Acting as the kubelet of a kwok node: the pod's only container exited."""
+    p = client.CoreV1Api(k8s).read_namespaced_pod(pod, ns)
+    c = p.spec.containers[0]
+    client.CoreV1Api(k8s).patch_namespaced_pod_status(pod, ns, {"status": {
+        "phase": "Succeeded" if exit_code == 0 else "Failed",
+        "containerStatuses": [{"name": c.name, "image": c.image, "imageID": "", "ready": False, "restartCount": 0,
+                               "state": {"terminated": {"exitCode": exit_code,
+                                                        "reason": "Completed" if exit_code == 0 else "Error"}}}]}})
+
+
+def running_pods(k8s: Any, ns: str, selector: str) -> list[Any]:
+    return [p for p in client.CoreV1Api(k8s).list_namespaced_pod(ns, label_selector=selector).items
+            if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]

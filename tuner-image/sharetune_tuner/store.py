@@ -1,0 +1,170 @@
+"""Where a job's shard records, progress and results live: ConfigMaps or an S3-compatible bucket.
+
+URIs: ``configmap://<namespace>/<job>`` or ``s3://<bucket>/<prefix...>`` (credentials from the
+environment: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, endpoint from SHARETUNE_S3_ENDPOINT).
+
+Objects: ``shard-<i>`` (a shard's database as tar.gz) and ``result`` (merged records, best records
+and summary). In ConfigMaps they are gzip'd binaryData; anything that would pass the API server's
+1 MiB object limit raises :class:`OutputTooLarge` instead of being truncated.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import tarfile
+from pathlib import Path
+from typing import Protocol
+
+from .errors import TunerError
+
+CONFIGMAP_LIMIT = 1024 * 1024
+_CM_HEADROOM = 16 * 1024  # metadata, keys and progress JSON share the object with the payload
+
+
+class OutputTooLarge(TunerError):
+    exit_code = 7
+
+
+class StoreError(TunerError):
+    exit_code = 8
+
+
+class Store(Protocol):
+    uri: str
+
+    def put(self, name: str, data: bytes) -> None: ...
+
+    def get(self, name: str) -> bytes | None: ...
+
+
+def pack(directory: Path, names: list[str] | None = None) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for p in sorted(directory.rglob("*")):
+            rel = p.relative_to(directory)
+            if p.is_file() and (names is None or str(rel) in names or rel.parts[0] in names):
+                tar.add(p, arcname=str(rel))
+    return buf.getvalue()
+
+
+def unpack(data: bytes, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        tar.extractall(directory, filter="data")  # refuses absolute paths and ../ escapes
+
+
+def _kube_core():  # type: ignore[no-untyped-def]
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.CoreV1Api()
+
+
+class ConfigMapStore:
+    """Objects live in ConfigMaps the operator created (the pods may only patch those)."""
+
+    def __init__(self, namespace: str, job: str, result_name: str | None = None) -> None:
+        self.namespace, self.job = namespace, job
+        self.result_name = result_name or f"{job}-result"
+        self.uri = f"configmap://{namespace}/{job}"
+        self._core = None
+
+    @property
+    def core(self):  # type: ignore[no-untyped-def]
+        if self._core is None:
+            self._core = _kube_core()
+        return self._core
+
+    def configmap(self, name: str) -> str:
+        return self.result_name if name == "result" else f"{self.job}-{name}"
+
+    def put(self, name: str, data: bytes, extra: dict[str, str] | None = None) -> None:
+        encoded = base64.b64encode(data).decode()
+        if len(encoded) + sum(len(v) for v in (extra or {}).values()) > CONFIGMAP_LIMIT - _CM_HEADROOM:
+            raise OutputTooLarge(f"{name} is {len(data)} bytes compressed: more than a ConfigMap holds (1 MiB); "
+                                 "use spec.output.s3 for this job")
+        body = {"binaryData": {"data.tar.gz": encoded}, "data": extra or {}}
+        self._patch(self.configmap(name), body)
+
+    def _patch(self, cm: str, body: dict) -> None:  # type: ignore[type-arg]
+        from kubernetes.client.rest import ApiException
+
+        try:
+            self.core.patch_namespaced_config_map(cm, self.namespace, body)
+        except ApiException as e:
+            if e.status == 422 and "Too long" in (e.body or ""):
+                raise OutputTooLarge(f"ConfigMap {cm} would pass the 1 MiB limit: {e.reason}") from None
+            raise StoreError(f"cannot write ConfigMap {self.namespace}/{cm}: {e.status} {e.reason}") from None
+
+    def put_text(self, name: str, key: str, text: str) -> None:
+        self._patch(self.configmap(name), {"data": {key: text}})
+
+    def get(self, name: str) -> bytes | None:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            cm = self.core.read_namespaced_config_map(self.configmap(name), self.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise StoreError(f"cannot read ConfigMap {self.namespace}/{self.configmap(name)}: {e.status}") from None
+        blob = (cm.binary_data or {}).get("data.tar.gz")
+        return base64.b64decode(blob) if blob else None
+
+
+class S3Store:
+    def __init__(self, bucket: str, prefix: str) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        self.uri = f"s3://{bucket}/{self.prefix}"
+        # Retries with backoff: an S3 server that is away for a minute must not lose records.
+        self.s3 = boto3.client("s3", endpoint_url=os.environ.get("SHARETUNE_S3_ENDPOINT") or None,
+                               config=Config(retries={"max_attempts": 10, "mode": "standard"},
+                                             connect_timeout=5, read_timeout=30))
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}/{name}.tar.gz" if self.prefix else f"{name}.tar.gz"
+
+    def put(self, name: str, data: bytes, extra: dict[str, str] | None = None) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.s3.put_object(Bucket=self.bucket, Key=self.key(name), Body=data)
+            for k, v in (extra or {}).items():
+                self.s3.put_object(Bucket=self.bucket, Key=f"{self.prefix}/{name}/{k}", Body=v.encode())
+        except (BotoCoreError, ClientError) as e:
+            raise StoreError(f"cannot write s3://{self.bucket}/{self.key(name)}: {e}") from None
+
+    def get(self, name: str) -> bytes | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return self.s3.get_object(Bucket=self.bucket, Key=self.key(name))["Body"].read()
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise StoreError(f"cannot read s3://{self.bucket}/{self.key(name)}: {e}") from None
+        except BotoCoreError as e:
+            raise StoreError(f"cannot read s3://{self.bucket}/{self.key(name)}: {e}") from None
+
+
+def open_store(uri: str, result_name: str | None = None) -> ConfigMapStore | S3Store:
+    scheme, _, rest = uri.partition("://")
+    if scheme == "configmap":
+        ns, _, job = rest.partition("/")
+        if not ns or not job:
+            raise StoreError(f"bad store URI {uri!r}: expected configmap://<namespace>/<job>")
+        return ConfigMapStore(ns, job, result_name)
+    if scheme == "s3":
+        bucket, _, prefix = rest.partition("/")
+        if not bucket:
+            raise StoreError(f"bad store URI {uri!r}: expected s3://<bucket>/<prefix>")
+        return S3Store(bucket, prefix)
+    raise StoreError(f"unknown store {uri!r}: use configmap://ns/job or s3://bucket/prefix")

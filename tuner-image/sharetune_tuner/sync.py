@@ -1,0 +1,105 @@
+"""Keeps a shard's records and progress in the job's store while the client tunes.
+
+The local database is the working copy; every ``interval_s`` (and at exit) it is packed and put
+into the store, and the progress JSON into the shard's ConfigMap, where the operator reads it.
+A failed upload (store down) keeps the records on disk and is retried on the next tick: trials
+are never lost, only reported later. A restarted client pod restores its shard from the store
+before tuning, then resumes from those records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from pathlib import Path
+
+from . import records
+from .client import PROGRESS
+from .store import ConfigMapStore, S3Store, TunerError, pack, unpack
+
+log = logging.getLogger("sharetune.sync")
+FILES = [records.WORKLOADS, records.RECORDS, PROGRESS]
+
+
+class ShardSync:
+    def __init__(self, store: ConfigMapStore | S3Store, progress: ConfigMapStore | None, shard: int,
+                 work_dir: Path, interval_s: float = 10.0) -> None:
+        self.store, self.progress, self.shard = store, progress, shard
+        self.work_dir, self.interval_s = work_dir, interval_s
+        self.name = f"shard-{shard}"
+        self._last: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="shard-sync", daemon=True)
+        self.uploads = 0
+        self.failures = 0
+
+    def restore(self) -> int:
+        """Puts the stored shard into ``work_dir`` unless the local copy is already at least as
+        long (same pod restarted in place); returns how many records the work dir then holds."""
+        data = self.store.get(self.name)
+        if data:
+            tmp = self.work_dir.with_name(self.work_dir.name + ".restore")
+            unpack(data, tmp)
+            if records.stats(tmp).total > records.stats(self.work_dir).total:
+                self.work_dir.mkdir(parents=True, exist_ok=True)
+                for f in FILES[:2]:
+                    if (tmp / f).exists():
+                        (tmp / f).replace(self.work_dir / f)
+        return records.stats(self.work_dir).total
+
+    def _digest(self) -> str:
+        h = hashlib.sha256()
+        for f in FILES:
+            p = self.work_dir / f
+            if p.exists():
+                h.update(p.read_bytes())
+        return h.hexdigest()
+
+    def sync(self) -> bool:
+        digest = self._digest()
+        if digest == self._last:
+            return True
+        records.repair(self.work_dir)  # never upload a torn last line
+        progress_text = (self.work_dir / PROGRESS).read_text() if (self.work_dir / PROGRESS).exists() else "{}"
+        data = pack(self.work_dir, FILES)
+        try:
+            if isinstance(self.store, ConfigMapStore):
+                self.store.put(self.name, data, extra={"progress.json": progress_text})
+            else:
+                self.store.put(self.name, data)
+                if self.progress is not None:
+                    self.progress.put_text(self.name, "progress.json", progress_text)
+        except TunerError as e:
+            if type(e).__name__ == "OutputTooLarge":
+                raise
+            self.failures += 1
+            log.warning("upload of %s failed (%s); the records stay on disk and are retried", self.name, e)
+            return False
+        self._last = digest
+        self.uploads += 1
+        return True
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.sync()
+            except TunerError as e:
+                log.error("%s", e)
+
+    def start(self) -> "ShardSync":
+        self._thread.start()
+        return self
+
+    def stop(self, deadline_s: float = 300.0) -> None:
+        """Final upload, retried until ``deadline_s``: the client only exits 0 once stored."""
+        self._stop.set()
+        self._thread.join(timeout=self.interval_s + 5)
+        end = time.monotonic() + deadline_s
+        delay = 1.0
+        while not self.sync():
+            if time.monotonic() > end:
+                raise TunerError(f"could not store {self.name} in {self.store.uri} for {deadline_s:.0f}s")
+            time.sleep(delay)
+            delay = min(delay * 2, 15.0)
