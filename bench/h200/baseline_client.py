@@ -41,7 +41,7 @@ def main() -> int:
     tasks = heaviest(extract(model.mod, target), a.tasks)
     t_extracted = time.time()
     host, port = a.tracker.rsplit(":", 1)
-    a.work_dir.mkdir(parents=True, exist_ok=True)
+    (a.work_dir / "db").mkdir(parents=True, exist_ok=True)
     ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
         [t.extracted for t in tasks], work_dir=str(a.work_dir / "logs"), seed=a.seed)
     runner = ms.runner.RPCRunner(rpc_config=ms.runner.RPCConfig(

@@ -43,6 +43,8 @@ def main() -> int:
     ap.add_argument("--target", default="cuda")
     ap.add_argument("--n-run", type=int, default=6, help="candidates measured step by step")
     ap.add_argument("--n-build", type=int, default=16)
+    ap.add_argument("--search", default="512:64,256:8,128:8",
+                    help="population:batch of the first search rounds timed (first = stock, second = sharetune)")
     ap.add_argument("--force", action="store_true")
     a = ap.parse_args()
     if a.id in load_cells(CELLS) and not a.force:
@@ -106,7 +108,9 @@ def _profile(a: argparse.Namespace, out: dict[str, Any], g: Group, wd: Path) -> 
     # ---- search ----------------------------------------------------------------------------
     search: dict[str, Any] = {}
     cands_by: dict[str, list[Any]] = {}
-    for label, pop, batch in (("stock_pop512_batch64", 512, 64), ("sharetune_pop256_batch8", 256, 8)):
+    configs = [tuple(int(x) for x in c.split(":")) for c in a.search.split(",")]
+    for pop, batch in configs:
+        label = f"pop{pop}_batch{batch}"
         ctx = ms.TuneContext(task.workload, target=target, space_generator="post-order-apply",
                              search_strategy=ms.search_strategy.EvolutionarySearch(population_size=pop),
                              task_name=task.info.name, rand_state=0, num_threads=os.cpu_count() or 1)
@@ -121,7 +125,8 @@ def _profile(a: argparse.Namespace, out: dict[str, Any], g: Group, wd: Path) -> 
         cands_by[label] = list(cands or [])
         log(f"search {label}: {search[label]}")
     out["search"] = search
-    cands = cands_by["stock_pop512_batch64"][: a.n_build]
+    labels = list(search)
+    cands = cands_by[labels[0]][: a.n_build]
 
     # ---- build: one candidate at a time, in this process -----------------------------------
     from tvm.support import nvcc
@@ -139,10 +144,10 @@ def _profile(a: argparse.Namespace, out: dict[str, Any], g: Group, wd: Path) -> 
     if a.target == "cuda":
         tvm_ffi.register_global_func("tvm_callback_cuda_compile", timed, override=True)
     compile_s, tar_s, so_s = [], [], []
-    from tvm.s_tir.meta_schedule.builder.local_builder import default_export
+    from tvm.s_tir.meta_schedule.builder.local_builder import default_build, default_export
 
     for c in cands[:4]:
-        lib, dt = _t(tvm.compile, c.sch.mod, target=target)
+        lib, dt = _t(default_build, c.sch.mod, target, None)
         compile_s.append(dt)
         _, dt = _t(default_export, lib)
         tar_s.append(dt)
@@ -266,8 +271,8 @@ def _profile(a: argparse.Namespace, out: dict[str, Any], g: Group, wd: Path) -> 
         "session_per_candidate_s": round(dt_sess_warm / n, 4),
         "stock_errors": sum(r.error_msg is not None for r in rr),
         "session_errors": sum(r.error_msg is not None for r in rs1 + rs2),
-        "stock_kernel_s": [round(statistics.mean(r.run_secs), 7) for r in rr if r.error_msg is None][:8],
-        "session_kernel_s": [round(statistics.mean(r.run_secs), 7) for r in rs2 if r.error_msg is None][:8],
+        "stock_kernel_s": [round(statistics.mean([float(x) for x in r.run_secs]), 7) for r in rr if r.error_msg is None][:8],
+        "session_kernel_s": [round(statistics.mean([float(x) for x in r.run_secs]), 7) for r in rs2 if r.error_msg is None][:8],
     }
     for r in rr + rs1:
         if r.error_msg is not None:
@@ -276,8 +281,8 @@ def _profile(a: argparse.Namespace, out: dict[str, Any], g: Group, wd: Path) -> 
     log(f"runner batch: {out['runner_batch']}")
 
     # ---- per-trial estimate -----------------------------------------------------------------
-    s_stock = search["stock_pop512_batch64"]["per_candidate_s"]
-    s_st = search["sharetune_pop256_batch8"]["per_candidate_s"]
+    s_stock = search[labels[0]]["per_candidate_s"]
+    s_st = search[labels[min(1, len(labels) - 1)]]["per_candidate_s"]
     b_stock = out["build_batch"]["stock_local_builder_s"] / max(1, len(inputs))
     b_st = out["build_batch"]["pooled_warm_s"] / max(1, len(inputs))
     out["per_trial_estimate_s"] = {

@@ -232,7 +232,7 @@ def _mps_daemon(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
             "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]},
             "readOnlyRootFilesystem": True, "seccompProfile": {"type": "RuntimeDefault"}}
     c = _container(spec, image, "mps-daemon", args, env=[e for e in env if e["name"] != "NVIDIA_VISIBLE_DEVICES"],
-                   resources={"limits": {"nvidia.com/gpu": 1}}, security=root, mounts=[mount])
+                   resources={"limits": {"nvidia.com/gpu": "1"}}, security=root, mounts=[mount])
     c["readinessProbe"] = {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 5}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": _meta(job, names(job.name)["mps"], "mps-daemon"),
             "spec": _pod_spec(spec, [c], volumes=[vol], gpu_placement=True, hostIPC=True,
@@ -275,7 +275,7 @@ def _servers(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
         extra = {"hostIPC": True, "affinity": _follow_daemon(job)}
     elif spec.target == "cuda":
         # No MPS: the stock way, each server owns a whole GPU.
-        resources.setdefault("limits", {})["nvidia.com/gpu"] = 1
+        resources.setdefault("limits", {})["nvidia.com/gpu"] = "1"
     c = _container(spec, image, "server", args, env=env, resources=resources, mounts=mounts)
     c["ports"].append({"name": "rpc", "containerPort": SERVER_PORT})
     pod = _pod_spec(spec, [c], volumes=volumes, gpu_placement=spec.target == "cuda" and not spec.uses_mps, **extra)

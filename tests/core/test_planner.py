@@ -51,7 +51,7 @@ def test_cuda_without_mps_gives_each_server_a_gpu() -> None:
     k = by_kind(plan(JOB, s))
     assert "Pod" not in k
     srv = next(d for d in k["Deployment"] if d["metadata"]["name"] == "tj-servers")
-    assert containers(srv)[0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert containers(srv)[0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
 
 
 def test_mps_job_daemon_servers_and_security() -> None:
@@ -60,7 +60,7 @@ def test_mps_job_daemon_servers_and_security() -> None:
     k = by_kind(plan(JOB, s))
     daemon = k["Pod"][0]
     dc = containers(daemon)[0]
-    assert dc["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    assert dc["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
     assert dc["securityContext"]["runAsUser"] == 0 and dc["securityContext"]["privileged"] is False
     assert dc["securityContext"]["allowPrivilegeEscalation"] is False
     assert pod_spec(daemon)["hostIPC"] is True

@@ -21,6 +21,15 @@ from .conftest import (GROUP, PLURAL, VERSION, Operator, create_job, finish_pod,
 pytestmark = [pytest.mark.cluster]
 
 
+def maybe(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
 def children(k8s: Any, ns: str, job: str) -> dict[str, list[str]]:
     sel = f"sharetune.io/job={job}"
     core, apps, batch, rbac = (client.CoreV1Api(k8s), client.AppsV1Api(k8s), client.BatchV1Api(k8s),
@@ -97,7 +106,8 @@ def test_gpu_job_places_servers_with_the_mps_daemon(k8s, operator, ns) -> None: 
     create_job(k8s, ns, tuning_job("gpu", target="cuda", servers={"replicas": 3, "threadPercentage": 25,
                                                                    "pinnedMemoryLimit": "4G"}))
     core = client.CoreV1Api(k8s)
-    daemon = wait_for("daemon scheduled", lambda: (p := core.read_namespaced_pod("gpu-mps", ns)).spec.node_name and p)
+    daemon = wait_for("daemon scheduled", lambda: (p := maybe(core.read_namespaced_pod, "gpu-mps", ns))
+                      and p.spec.node_name and p)
     assert daemon.spec.node_name == "kwok-gpu-0" and daemon.spec.host_ipc
     c = daemon.spec.containers[0]
     assert c.resources.limits == {"nvidia.com/gpu": "1"}
@@ -135,7 +145,7 @@ def test_a_second_gpu_job_waits_with_a_clear_reason(k8s, operator, ns) -> None: 
 def test_scale_servers_live(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]
     create_job(k8s, ns, tuning_job("scale", servers={"replicas": 1}))
     apps = client.AppsV1Api(k8s)
-    wait_for("servers deployment", lambda: apps.read_namespaced_deployment("scale-servers", ns))
+    wait_for("servers deployment", lambda: maybe(apps.read_namespaced_deployment, "scale-servers", ns))
     client.CustomObjectsApi(k8s).patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "scale",
                                                                 {"spec": {"servers": {"replicas": 4}}})
     wait_for("4 replicas", lambda: apps.read_namespaced_deployment("scale-servers", ns).spec.replicas == 4)

@@ -61,7 +61,7 @@ def _kube_core():  # type: ignore[no-untyped-def]
     try:
         config.load_incluster_config()
     except config.ConfigException:
-        config.load_kube_config()
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # read now, not at import
     return client.CoreV1Api()
 
 

@@ -38,13 +38,26 @@ def api() -> client.ApiClient:
         try:
             config.load_incluster_config()
         except config.ConfigException:
-            config.load_kube_config()
-        _api = client.ApiClient()
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+        _api = client.ApiClient(client.Configuration.get_default_copy())
     return _api
 
 
 def image() -> str:
     return os.environ.get("SHARETUNE_TUNER_IMAGE", DEFAULT_IMAGE)
+
+
+@kopf.on.login()
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """Credentials from the same loader the handlers use (in-cluster, else $KUBECONFIG read now:
+    the kubernetes client reads $KUBECONFIG at import time, which breaks in-process tests)."""
+    api()
+    cfg = client.Configuration.get_default_copy()
+    token = (cfg.api_key or {}).get("authorization", "")
+    return kopf.ConnectionInfo(
+        server=cfg.host, ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
+        certificate_path=cfg.cert_file, private_key_path=cfg.key_file,
+        scheme="Bearer" if token else None, token=token.removeprefix("Bearer ").strip() or None)
 
 
 @kopf.on.startup()
@@ -55,7 +68,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = "sharetune.io/cleanup"
     settings.posting.level = logging.WARNING  # kopf's own chatter stays in logs, our Events are explicit
     settings.watching.server_timeout = 300
-    settings.batching.worker_limit = 32
+    settings.queueing.worker_limit = 32
     api()
 
 
