@@ -21,6 +21,18 @@ def _k_heaviest(mod, target):  # type: ignore[no-untyped-def]
 
 client.extract = _k_heaviest
 
+# Sweep knob (BENCH_POP_PER_CAND): the evolutionary population per candidate of a batch, instead
+# of the client's default (32 per candidate, 64..512). Unset = the client's default.
+if os.environ.get("BENCH_POP_PER_CAND"):
+    _per = int(os.environ["BENCH_POP_PER_CAND"])
+    _strategy = client.search_strategy
+
+    def _sized(cfg):  # type: ignore[no-untyped-def]
+        cfg.population_size = max(64, min(512, _per * cfg.trials_per_iter))
+        return _strategy(cfg)
+
+    client.search_strategy = _sized
+
 if __name__ == "__main__":
     from sharetune_tuner.cli import main
 

@@ -77,8 +77,34 @@ def run_baseline(a: argparse.Namespace, wd: Path) -> dict[str, Any]:
             "tasks": info["tasks"]}
 
 
+def _mps_servers(wd: Path) -> str:
+    """Proof that the servers ran as MPS clients: the control daemon's server list and the
+    clients of each MPS server."""
+    import subprocess
+
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(wd / "mps" / "pipe"),
+           "CUDA_MPS_LOG_DIRECTORY": str(wd / "mps" / "log")}
+
+    def ctl(cmd: str) -> str:
+        try:
+            r = subprocess.run(["nvidia-cuda-mps-control"], input=cmd + "\n", capture_output=True, text=True,
+                               env=env, timeout=10)
+            return (r.stdout + r.stderr).strip()
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+
+    servers = ctl("get_server_list")
+    out = [f"servers: {servers}"]
+    for pid in servers.split():
+        if pid.isdigit():
+            out.append(f"clients of {pid}: {ctl(f'get_client_list {pid}')}")
+    return "; ".join(out)
+
+
 def run_sharetune(a: argparse.Namespace, wd: Path) -> dict[str, Any]:
     os.environ.update(tuner_env({"BENCH_TASKS": str(a.tasks)}))
+    if a.pop_per_cand:
+        os.environ["BENCH_POP_PER_CAND"] = str(a.pop_per_cand)
     from sharetune.spec import load_job
     from sharetune_tuner.local import LocalRun, Proc
 
@@ -123,10 +149,13 @@ spec:
     dbs = [lr.shard_dir(i) for i in range(a.clients)]
     sampler = Sampler(dbs).start()
     t0 = time.time()
+    mps_check = None
     try:
         lr.start_services()
         lr.run_clients()
         t1 = time.time()
+        if mps:
+            mps_check = _mps_servers(wd)
     finally:
         lr.stop_all()
         sampler.stop()
@@ -137,7 +166,8 @@ spec:
         tasks += [{"name": t["name"], "workload_hash": t["workload_hash"], "budget": t["budget"]}
                   for t in pr.get("tasks", [])]
     return {"t0": t0, "t1": t1, "db_dirs": [str(d) for d in dbs], "sampler": sampler, "phases": phases,
-            "tasks": tasks, "mps": mps, "builder_workers": workers,
+            "tasks": tasks, "mps": mps, "mps_server_list": mps_check, "builder_workers": workers,
+            "pop_per_cand": a.pop_per_cand or 32,
             "client_restarts": sum(p.restarts for p in lr.procs if p.name.startswith("client"))}
 
 
@@ -154,6 +184,7 @@ def main() -> int:
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--pct", type=int, default=100)
     ap.add_argument("--builder-workers", type=int, default=None)
+    ap.add_argument("--pop-per-cand", type=int, default=None, help="sharetune: population per candidate")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=520.0)
     ap.add_argument("--force", action="store_true")

@@ -96,7 +96,23 @@ def _set_phase(body: Any, patch: kopf.Patch, phase: str, reason: str, message: s
     if phase in FINAL:
         patch.status["completionTime"] = now()
     metrics.TRANSITIONS.labels(phase).inc()
-    (kopf.warn if phase == FAILED else kopf.info)(body, reason=reason or phase, message=f"{phase}: {message}")
+    event(body, "Warning" if phase == FAILED else "Normal", reason or phase, f"{phase}: {message}")
+
+
+def event(body: Any, type_: str, reason: str, message: str) -> None:
+    """A core/v1 Event on the TuningJob. Posted directly rather than through kopf's log-to-event
+    bridge, which would also post every handler's chatter (or nothing, at a higher level)."""
+    meta = body["metadata"]
+    ts = dt.datetime.now(dt.timezone.utc)
+    try:
+        client.CoreV1Api(api()).create_namespaced_event(meta["namespace"], client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{meta['name']}-", namespace=meta["namespace"]),
+            involved_object=client.V1ObjectReference(api_version=f"{API_GROUP}/{API_VERSION}", kind="TuningJob",
+                                                     name=meta["name"], namespace=meta["namespace"], uid=meta["uid"]),
+            type=type_, reason=reason, message=message[:1024], first_timestamp=ts, last_timestamp=ts, count=1,
+            source=client.V1EventSource(component="sharetune-operator"), reporting_component="sharetune-operator"))
+    except client.ApiException as e:  # an event is best effort: never fail a reconcile for it
+        log.warning("could not post event %s: %s", reason, e.reason)
 
 
 @kopf.on.create(API_GROUP, API_VERSION, PLURAL)
@@ -128,7 +144,7 @@ def scale(name: str, namespace: str, new: Any, old: Any, body: Any, status: Any,
     if old is None or new is None or status.get("phase") in FINAL:
         return
     kube.scale_servers(api(), namespace, names(name)["servers"], int(new))
-    kopf.info(body, reason="Scaled", message=f"servers scaled from {old} to {new}")
+    event(body, "Normal", "Scaled", f"servers scaled from {old} to {new}")
 
 
 def observe(job: JobRef, s: TuningJobSpec) -> Observed:

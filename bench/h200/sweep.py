@@ -1,0 +1,119 @@
+"""Runs the H200 benchmark plan cell by cell within one device command's time, skipping cells
+already in the results files, so the same command can simply be repeated until the plan is done:
+
+  source .device/tvm-b/install.sh && python3 bench/h200/sweep.py --budget-s 530
+
+A cell starts only if its estimated duration fits in what is left of ``--budget-s``; what came out
+(results JSON-lines, the runs' record databases, the log) is copied to $OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from common import RUN_ROOT, export_results, load_cells, log, tuner_env
+
+HERE = Path(__file__).resolve().parent
+CELLS, PROFILE, EVAL = "h200-cells.jsonl", "h200-profile.jsonl", "h200-eval.jsonl"
+
+
+def plan(model: str, tasks: int, trials: int) -> list[dict]:
+    base = ["--model", model, "--tasks", str(tasks), "--trials", str(trials)]
+    m = "r18" if model == "resnet18" else "r50"
+
+    def st(clients: int, servers: int, pct: int, extra: list[str] | None = None, suffix: str = "") -> dict:
+        cid = f"st-{m}-m{clients}n{servers}p{pct}{suffix}"
+        return {"id": cid, "file": CELLS, "est": 150,
+                "argv": ["tune_cell.py", "--id", cid, "--mode", "sharetune", *base, "--clients", str(clients),
+                         "--servers", str(servers), "--pct", str(pct), *(extra or [])]}
+
+    ev = {"id": "evaluate", "file": None, "est": 330, "argv": ["evaluate.py", "--model", model]}
+    return [
+        {"id": "profile-r18", "file": PROFILE, "est": 200, "argv": ["profile_trial.py", "--id", "profile-r18"]},
+        {"id": f"base-{m}", "file": CELLS, "est": 400,
+         "argv": ["tune_cell.py", "--id", f"base-{m}", "--mode", "baseline", *base]},
+        st(4, 4, 25),
+        st(8, 8, 10),
+        st(4, 4, 25, ["--pop-per-cand", "16"], "-pop16"),
+        ev,
+        st(2, 2, 50),
+        st(1, 1, 100),
+        st(2, 2, 75),
+        st(8, 8, 10, ["--pop-per-cand", "16"], "-pop16"),
+        dict(ev),
+    ]
+
+
+def pending_eval(model: str) -> int:
+    cells, done = load_cells(CELLS), load_cells(EVAL)
+    return sum(1 for c in cells.values() if c.get("model") == model and f"eval-{c['id']}" not in done)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget-s", type=float, default=530)
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--tasks", type=int, default=8)
+    ap.add_argument("--trials", type=int, default=16)
+    ap.add_argument("--only", default="", help="comma list of cell ids to run (default: the whole plan)")
+    ap.add_argument("--dry-run", action="store_true")
+    a = ap.parse_args()
+    t0 = time.monotonic()
+    os.environ.update(tuner_env())
+    RUN_ROOT.mkdir(parents=True, exist_ok=True)
+    st_walls = [c["wall_s"] for c in load_cells(CELLS).values() if c.get("mode") == "sharetune"]
+    for step in plan(a.model, a.tasks, a.trials):
+        if a.only and step["id"] not in a.only.split(","):
+            continue
+        if step["file"] is None:
+            n = pending_eval(a.model)
+            if n == 0:
+                continue
+            est = 150 + 35 * n
+        else:
+            if step["id"] in load_cells(step["file"]):
+                continue
+            est = step["est"]
+            if step["id"].startswith("st-") and st_walls:
+                est = max(st_walls) + 40
+        left = a.budget_s - (time.monotonic() - t0)
+        if est > left:
+            log(f"sweep: {step['id']} needs ~{est:.0f} s, {left:.0f} s left: stopping here")
+            break
+        log(f"sweep: {step['id']} (~{est:.0f} s, {left:.0f} s left)")
+        if a.dry_run:
+            continue
+        with open(RUN_ROOT / "sweep.log", "a") as f:
+            f.write(f"\n=== {step['id']} {time.strftime('%H:%M:%S')}\n")
+            f.flush()
+            try:
+                r = subprocess.run([sys.executable, str(HERE / step["argv"][0]), *step["argv"][1:]],
+                                   stdout=f, stderr=subprocess.STDOUT, timeout=max(30.0, left - 5))
+                log(f"sweep: {step['id']} exited {r.returncode}")
+            except subprocess.TimeoutExpired:
+                log(f"sweep: {step['id']} ran out of time")
+        if step["id"].startswith("st-"):
+            st_walls = [c["wall_s"] for c in load_cells(CELLS).values() if c.get("mode") == "sharetune"]
+        os.system(f"tail -n 4 {RUN_ROOT / 'sweep.log'} >&2")
+    export_results()
+    out = os.environ.get("OUT")
+    if out and not a.dry_run:
+        with tarfile.open(Path(out) / "h200-runs.tar.gz", "w:gz") as tar:
+            for p in (RUN_ROOT / "runs").glob("*/**/*"):
+                if p.is_file() and (p.name.startswith("database_") or p.name in ("progress.json", "client.json",
+                                                                                 "job.yaml", "prepared.json")):
+                    tar.add(p, arcname=str(p.relative_to(RUN_ROOT)))
+        if (RUN_ROOT / "sweep.log").exists():
+            (Path(out) / "sweep.log").write_text((RUN_ROOT / "sweep.log").read_text()[-400_000:])
+    log(f"sweep: done in {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
