@@ -25,3 +25,15 @@ def k8s(cluster):  # type: ignore[no-untyped-def]
     from kubernetes import client, config
 
     return config.new_client_from_config(config_file=str(cluster.kubeconfig))
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator["LocalS3"]:
+    """A real S3-compatible server (gofakes3, built from source) on loopback."""
+    from sharetune.cluster.s3 import LocalS3
+
+    srv = LocalS3().start()
+    try:
+        yield srv
+    finally:
+        srv.stop()

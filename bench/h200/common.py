@@ -173,7 +173,8 @@ def mps_control(cmd: str) -> str:
 def mps_start(default_pct: int | None = None) -> None:
     MPS_PIPE.mkdir(parents=True, exist_ok=True)
     MPS_LOG.mkdir(parents=True, exist_ok=True)
-    mps_stop()
+    if (MPS_PIPE / "control").exists():
+        mps_stop()
     subprocess.run(["nvidia-cuda-mps-control", "-d"], env={**os.environ, **mps_env()}, check=True)
     time.sleep(1.0)
     if default_pct is not None:
@@ -181,6 +182,8 @@ def mps_start(default_pct: int | None = None) -> None:
 
 
 def mps_stop() -> None:
+    if not (MPS_PIPE / "control").exists():
+        return
     try:
         mps_control("quit")
     except Exception:

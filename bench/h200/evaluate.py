@@ -217,7 +217,8 @@ def main() -> int:
     cells = load_cells(CELLS)
     done = load_cells(EVAL)
     runs = [r for r in (a.runs.split(",") if a.runs else list(cells)) if r and r in cells
-            and cells[r]["model"] == a.model and (a.force or f"eval-{r}" not in done)]
+            and cells[r]["model"] == a.model and (a.force or f"eval-{r}" not in done)
+            and all((Path(d) / "database_tuning_record.json").exists() for d in cells[r]["db_dirs"])]
     if not runs:
         log("evaluate: nothing to do")
         return 0
@@ -244,7 +245,6 @@ def main() -> int:
     paths = [str(untuned)] + [preps[r]["model_so"] for r in runs]
     log(f"prepared in {t_prep:.0f} s")
     # stage B: whole GPU, no MPS daemon
-    mps_stop()
     full = _sub(["--stage", "models", "--arg", ",".join(paths), "--model", a.model, "--target", a.target,
                  "--repeat", str(a.repeat)], env, 300)
     recs = _sub(["--stage", "records", "--arg", ",".join(str(RUN_ROOT / "runs" / r / "eval" / "prepared.json")

@@ -177,7 +177,7 @@ def main() -> int:
     ap.add_argument("--mode", choices=["baseline", "sharetune"], required=True)
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--target", default="cuda")
-    ap.add_argument("--tasks", type=int, default=8)
+    ap.add_argument("--tasks", type=int, default=6)
     ap.add_argument("--trials", type=int, default=16, help="per task")
     ap.add_argument("--per-iter", type=int, default=8, help="sharetune candidates per search round")
     ap.add_argument("--clients", type=int, default=1)

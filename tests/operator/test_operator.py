@@ -193,18 +193,42 @@ def test_operator_restart_mid_job_duplicates_nothing(k8s, operator: Operator, ns
     assert len(pods) == 2
 
 
-def test_a_real_tuning_run_through_the_operator(k8s, cluster, operator, ns, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """The test acts as the pods: it runs the real tracker/server/client/merge commands the pods
-    would run (with the store the operator chose), then reports their exit to the API server."""
-    create_job(k8s, ns, tuning_job("real"))
+def as_local(args: list[str], **replace: str) -> list[str]:
+    """A pod's container args with the in-cluster paths/addresses swapped for local ones."""
+    out = list(args)
+    for flag, value in replace.items():
+        flag = "--" + flag.replace("_", "-")
+        out[out.index(flag) + 1] = value
+    return out
+
+
+@pytest.mark.parametrize("output", ["configmap", "s3"])
+def test_a_real_tuning_run_through_the_operator(k8s, cluster, operator, ns, tmp_path: Path, output: str,
+                                                request) -> None:  # type: ignore[no-untyped-def]
+    """The test acts as the pods: it runs the very args of the pods' containers (the real tuner
+    commands, with the store the operator chose) locally, then reports their exit to the API
+    server like a kubelet would."""
+    import os
+
+    env = {"KUBECONFIG": str(cluster.kubeconfig)}
+    spec: dict[str, Any] = {}
+    if output == "s3":
+        s3 = request.getfixturevalue("s3")
+        client.CoreV1Api(k8s).create_namespaced_secret(ns, client.V1Secret(
+            metadata=client.V1ObjectMeta(name="s3-creds"),
+            string_data={"AWS_ACCESS_KEY_ID": "sharetune", "AWS_SECRET_ACCESS_KEY": "not-a-real-secret"}))
+        spec["output"] = {"s3": {"endpoint": s3.endpoint, "bucket": "tuning", "prefix": "runs",
+                                 "credentialsSecret": {"name": "s3-creds"}}}
+        # What the kubelet would inject from the Secret and the pod's env.
+        env.update(AWS_ACCESS_KEY_ID="sharetune", AWS_SECRET_ACCESS_KEY="not-a-real-secret",
+                   AWS_DEFAULT_REGION="us-east-1", SHARETUNE_S3_ENDPOINT=s3.endpoint)
+    os.environ.update(env)
+    create_job(k8s, ns, tuning_job("real", **spec))
     wait_for("clients Job", lambda: running_pods(k8s, ns, "job-name=real-clients"))
     manifest = client.CoreV1Api(k8s).read_namespaced_config_map("real-spec", ns).data["job.yaml"]
     job_file = tmp_path / "job.yaml"
     job_file.write_text(manifest)
-    env_kube = {"KUBECONFIG": str(cluster.kubeconfig)}
-    import os
-
-    os.environ.update(env_kube)
+    client_args = client.BatchV1Api(k8s).read_namespaced_job("real-clients", ns).spec.template.spec.containers[0].args
     port = free_port()
     procs = [tuner(["tracker", "--host", "127.0.0.1", "--port", str(port)], tmp_path / "tracker.log")]
     try:
@@ -212,45 +236,53 @@ def test_a_real_tuning_run_through_the_operator(k8s, cluster, operator, ns, tmp_
         procs.append(tuner(["server", "--tracker", f"127.0.0.1:{port}", "--key", "real", "--host", "127.0.0.1",
                             "--port", str(base), "--port-end", str(base + 1)], tmp_path / "server.log"))
         wait_until(lambda: registered(port, "real") == 1, 60, "server registered")
-        store = f"configmap://{ns}/real"
-        clients = [tuner(["client", "--job", str(job_file), "--shard", str(i), "--work-dir", str(tmp_path / f"w{i}"),
-                          "--tracker", f"127.0.0.1:{port}", "--key", "real", "--store", store, "--sync-interval", "2"],
-                         tmp_path / f"client{i}.log") for i in range(2)]
+        clients = [tuner([*as_local(client_args, job=str(job_file), work_dir=str(tmp_path / f"w{i}"),
+                                    tracker=f"127.0.0.1:{port}", metrics_port="-1"),
+                          "--shard", str(i), "--sync-interval", "2"], tmp_path / f"client{i}.log") for i in range(2)]
         # Progress reaches the TuningJob's status while the clients tune.
         wait_for("Running with trials", lambda: (s := get_job(k8s, ns, "real")["status"]).get("phase") == "Running"
                  and s.get("trialsCompleted", 0) > 0 and s, timeout_s=240, every=1)
-        for i, c in enumerate(clients):
+        for c in clients:
             assert c.popen.wait(timeout=600) == 0, c.text()[-2000:]
-        pods = {p.metadata.annotations["batch.kubernetes.io/job-completion-index"]: p
-                for p in running_pods(k8s, ns, "job-name=real-clients")}
-        for p in pods.values():
+        for p in running_pods(k8s, ns, "job-name=real-clients"):
             finish_pod(k8s, ns, p.metadata.name, 0)
         status = wait_for("Merging", lambda: (s := get_job(k8s, ns, "real")["status"]).get("phase") == "Merging" and s,
                           timeout_s=60)
         assert status["trialsCompleted"] == status["trialsTotal"] == 8
         merge_pod = wait_for("merge pod", lambda: running_pods(k8s, ns, "job-name=real-merge"))[0]
-        r = subprocess.run([sys.executable, "-m", "sharetune_tuner.cli", "merge", "--job", str(job_file),
-                            "--store", store, "--out", str(tmp_path / "out")], capture_output=True, text=True,
-                           timeout=600, env={**os.environ, **env_kube})
+        merge_args = as_local(merge_pod.spec.containers[0].args, job=str(job_file), out=str(tmp_path / "out"),
+                              metrics_port="-1")
+        r = subprocess.run([sys.executable, "-m", "sharetune_tuner.cli", *merge_args], capture_output=True,
+                           text=True, timeout=600, env={**os.environ, **env})
         assert r.returncode == 0, r.stderr[-3000:]
         finish_pod(k8s, ns, merge_pod.metadata.name, 0)
         job = wait_for("Succeeded", lambda: (j := get_job(k8s, ns, "real"))["status"].get("phase") == "Succeeded" and j,
                        timeout_s=60)
         st = job["status"]
         assert st["bestSpeedup"] > 1.0 and st["tunedLatencyMs"] < st["untunedLatencyMs"]
-        assert st["trialsCompleted"] == 8 and st["progressPercent"] == 100
-        assert st["resultLocation"] == f"configmap://{ns}/real-result" and st["completionTime"]
+        assert st["trialsCompleted"] == 8 and st["progressPercent"] == 100 and st["completionTime"]
         # The records are in the store: every trial, plus the best per workload.
         from sharetune_tuner.records import stats
         from sharetune_tuner.store import open_store, unpack
 
-        unpack(open_store(store).get("result"), tmp_path / "fetched")
-        assert stats(tmp_path / "fetched" / "records").total == 8
-        assert stats(tmp_path / "fetched" / "best").total == len(stats(tmp_path / "fetched" / "records").trials_by_workload)
+        store_uri = client_args[client_args.index("--store") + 1]
+        if output == "s3":
+            assert store_uri == f"s3://tuning/runs/{ns}/real"
+            assert st["resultLocation"] == f"s3://tuning/runs/{ns}/real/result"
+        else:
+            assert st["resultLocation"] == f"configmap://{ns}/real-result"
+        unpack(open_store(store_uri).get("result"), tmp_path / "fetched")
+        every = stats(tmp_path / "fetched" / "records")
+        assert every.total == 8
+        # One best record per workload that had a successful trial (a failed-only one has none).
+        assert stats(tmp_path / "fetched" / "best").total == len(every.best_by_workload) >= 6
         reasons = [e.reason for e in client.CoreV1Api(k8s).list_namespaced_event(
             ns, field_selector="involvedObject.name=real").items]
         for r_ in ("Created", "Tuning", "ShardsDone", "Merged"):
             assert r_ in reasons, reasons
+        # Credentials never land in the status, the events or the result summary.
+        blob = json.dumps(st) + json.dumps(reasons) + json.dumps(json.loads((tmp_path / "fetched" / "summary.json").read_text()))
+        assert "not-a-real-secret" not in blob
     finally:
         for p in reversed(procs):
             p.stop(signal.SIGTERM)

@@ -32,6 +32,9 @@ K8S_VERSION = "1.35.4"
 ETCD_VERSION = "3.6.16"
 KWOK_VERSION = "0.7.0"
 HELM_VERSION = "3.22.0"
+# S3-compatible server for tests: gofakes3 (MIT) with its on-disk afero backend, so data survives
+# a server restart. MinIO is AGPL and not used. It does not verify request signatures.
+S3_SERVER_VERSION = "1.2.0"
 
 # The staging modules k8s.io/kubernetes v1.35 replaces with ./staging/src/k8s.io/<name>.
 K8S_STAGING_MODULES = (
@@ -49,6 +52,8 @@ K8S_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "
 K8S_NODE_COMMANDS = ("kubelet", "kube-proxy")
 
 CONTROL_PLANE_BINARIES = ("etcd", *K8S_COMMANDS, "kwok", "helm")
+TEST_BINARIES = ("s3-server",)
+ALL_BINARIES = (*CONTROL_PLANE_BINARIES, *TEST_BINARIES)
 
 
 def cache_root() -> Path:
@@ -69,7 +74,7 @@ class Binary:
 def binary(name: str) -> Binary:
     if name in K8S_COMMANDS or name in K8S_NODE_COMMANDS:
         return Binary(name, K8S_VERSION)
-    versions = {"etcd": ETCD_VERSION, "kwok": KWOK_VERSION, "helm": HELM_VERSION}
+    versions = {"etcd": ETCD_VERSION, "kwok": KWOK_VERSION, "helm": HELM_VERSION, "s3-server": S3_SERVER_VERSION}
     if name not in versions:
         raise KeyError(f"unknown binary {name!r}")
     return Binary(name, versions[name])
@@ -123,6 +128,45 @@ def _etcd_wrapper(workdir: Path) -> None:
     )
 
 
+_S3_MAIN = """package main
+
+// An S3-compatible server for sharetune's tests: gofakes3 over a directory on disk.
+import (
+	"flag"
+	"log"
+	"net/http"
+	"os"
+
+	"github.com/johannesboyne/gofakes3"
+	"github.com/johannesboyne/gofakes3/backend/s3afero"
+	"github.com/spf13/afero"
+)
+
+func main() {
+	addr := flag.String("addr", "127.0.0.1:9000", "listen address")
+	dir := flag.String("dir", "", "data directory")
+	flag.Parse()
+	if err := os.MkdirAll(*dir, 0o755); err != nil {
+		log.Fatal(err)
+	}
+	backend, err := s3afero.MultiBucket(afero.NewBasePathFs(afero.NewOsFs(), *dir))
+	if err != nil {
+		log.Fatal(err)
+	}
+	faker := gofakes3.New(backend, gofakes3.WithAutoBucket(true))
+	log.Printf("s3 server on %s, data in %s", *addr, *dir)
+	log.Fatal(http.ListenAndServe(*addr, faker.Server()))
+}
+"""
+
+
+def _s3_wrapper(workdir: Path) -> None:
+    (workdir / "go.mod").write_text(
+        "module sharetune.local/s3server\n\ngo 1.24\n\n"
+        f"require github.com/johannesboyne/gofakes3 v{S3_SERVER_VERSION}\n")
+    (workdir / "main.go").write_text(_S3_MAIN)
+
+
 def _install(dest: Path, built: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(".tmp")
@@ -161,6 +205,15 @@ def build(names: list[str]) -> dict[str, float]:
         _run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(wd / "etcd"), "."], wd, env)
         _install(path_of("etcd"), wd / "etcd")
         spent["etcd"] = time.monotonic() - t0
+    if "s3-server" in names and not path_of("s3-server").exists():
+        t0 = time.monotonic()
+        wd = work / f"s3server-{S3_SERVER_VERSION}"
+        wd.mkdir(parents=True, exist_ok=True)
+        _s3_wrapper(wd)
+        _run(["go", "mod", "tidy"], wd, env)
+        _run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(wd / "s3-server"), "."], wd, env)
+        _install(path_of("s3-server"), wd / "s3-server")
+        spent["s3-server"] = time.monotonic() - t0
     simple = {
         "kwok": f"sigs.k8s.io/kwok/cmd/kwok@v{KWOK_VERSION}",
         "helm": f"helm.sh/helm/v3/cmd/helm@v{HELM_VERSION}",
@@ -187,7 +240,7 @@ def missing(names: tuple[str, ...] | list[str] = CONTROL_PLANE_BINARIES) -> list
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="sharetune-binaries", description=__doc__.splitlines()[0])
-    p.add_argument("names", nargs="*", default=list(CONTROL_PLANE_BINARIES))
+    p.add_argument("names", nargs="*", default=list(ALL_BINARIES))
     p.add_argument("--node", action="store_true", help="also build kubelet and kube-proxy")
     p.add_argument("--json", help="write per-binary build seconds to this file")
     a = p.parse_args(argv)
