@@ -181,7 +181,8 @@ def test_delete_garbage_collects_children(k8s, operator, ns) -> None:  # type: i
 
 def test_operator_restart_mid_job_duplicates_nothing(k8s, operator: Operator, ns) -> None:  # type: ignore[no-untyped-def]
     create_job(k8s, ns, tuning_job("restart"))
-    before = wait_for("children", lambda: (c := children(k8s, ns, "restart"))["Job"] and c)
+    before = wait_for("all children", lambda: (c := children(k8s, ns, "restart"))["Job"]
+                      and len(c["ConfigMap"]) == 4 and c)
     operator.stop()
     operator.start()  # resume handlers run again for the existing job
     wait_for("resumed", lambda: get_job(k8s, ns, "restart")["status"].get("phase"))
@@ -286,3 +287,36 @@ def test_a_real_tuning_run_through_the_operator(k8s, cluster, operator, ns, tmp_
     finally:
         for p in reversed(procs):
             p.stop(signal.SIGTERM)
+
+
+def test_s3_cleanup_on_delete_uses_a_finalizer_only_when_asked(k8s, operator, ns, s3) -> None:  # type: ignore[no-untyped-def]
+    import boto3
+
+    client.CoreV1Api(k8s).create_namespaced_secret(ns, client.V1Secret(
+        metadata=client.V1ObjectMeta(name="creds"), string_data={"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}))
+    out = {"s3": {"endpoint": s3.endpoint, "bucket": "cleanup", "credentialsSecret": {"name": "creds"},
+                  "cleanupOnDelete": True}}
+    create_job(k8s, ns, tuning_job("keep", output={**out, "s3": {**out["s3"], "cleanupOnDelete": False}}))
+    create_job(k8s, ns, tuning_job("wipe", output=out))
+    wait_for("finalizer on the cleanup job", lambda: "sharetune.io/cleanup" in (
+        get_job(k8s, ns, "wipe")["metadata"].get("finalizers") or []))
+    wait_for("keep job started", lambda: get_job(k8s, ns, "keep").get("status", {}).get("phase"))
+    assert not get_job(k8s, ns, "keep")["metadata"].get("finalizers")
+    b = boto3.client("s3", endpoint_url=s3.endpoint, region_name="us-east-1", aws_access_key_id="k",
+                     aws_secret_access_key="s")
+    for job in ("keep", "wipe"):
+        b.put_object(Bucket="cleanup", Key=f"{ns}/{job}/shard-0.tar.gz", Body=b"records")
+    for job in ("keep", "wipe"):
+        client.CustomObjectsApi(k8s).delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, job)
+    wait_for("wipe job gone", lambda: maybe(get_job, k8s, ns, "wipe") is None)
+    keys = [o["Key"] for o in b.list_objects_v2(Bucket="cleanup").get("Contents", [])]
+    assert keys == [f"{ns}/keep/shard-0.tar.gz"]
+
+
+def test_operator_exports_metrics(operator) -> None:  # type: ignore[no-untyped-def]
+    from prometheus_client import REGISTRY, generate_latest
+
+    text = generate_latest(REGISTRY).decode()
+    for name in ("sharetune_operator_jobs{phase=", "sharetune_operator_reconcile_seconds_bucket",
+                 "sharetune_operator_children_created_total{kind=\"Job\"}", "sharetune_operator_phase_transitions_total"):
+        assert name in text, name

@@ -206,9 +206,12 @@ def _client(a: argparse.Namespace) -> int:
             sync.start()
         try:
             progress = run_client(cfg, model, target)
-        finally:
             if sync is not None:
                 sync.stop()
+        except TunerError as e:
+            if sync is not None:
+                sync.fail(str(e))  # the operator shows this as the shard's (and job's) reason
+            raise
         print(json.dumps({"shard": a.shard, "done": progress.done, "budget": progress.budget,
                           "resumed": progress.resumed, "errors": progress.errors}))
         return 0

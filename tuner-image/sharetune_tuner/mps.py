@@ -123,6 +123,12 @@ class MpsDaemon:
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc = None
 
+    def cleanup(self) -> None:
+        """Removes the pipe and log directories (on the host, through the job's hostPath), so a
+        deleted job leaves no sockets behind for the next one."""
+        for d in (self.pipe_dir, self.log_dir):
+            shutil.rmtree(d, ignore_errors=True)
+
     def run(self, stop: threading.Event, poll_s: float = 2.0, max_restarts: int = 20) -> int:
         """Keeps the daemon up until ``stop``: a dead or mute daemon is started again."""
         self.start()
@@ -142,4 +148,6 @@ class MpsDaemon:
                 self.start()
         finally:
             self.stop()
+            if stop.is_set():  # SIGTERM = the job is going away; a crash keeps them for diagnosis
+                self.cleanup()
         return 0

@@ -10,6 +10,7 @@ before tuning, then resumes from those records.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -91,6 +92,23 @@ class ShardSync:
     def start(self) -> "ShardSync":
         self._thread.start()
         return self
+
+    def fail(self, message: str) -> None:
+        """Reports a failed shard (progress only: small enough to always fit) and stops syncing."""
+        self._stop.set()
+        path = self.work_dir / PROGRESS
+        try:
+            progress = json.loads(path.read_text()) if path.exists() else {"shard": self.shard}
+        except ValueError:
+            progress = {"shard": self.shard}
+        progress.update(state="failed", message=message)
+        text = json.dumps(progress)
+        sink = self.store if isinstance(self.store, ConfigMapStore) else self.progress
+        if sink is not None:
+            try:
+                sink.put_text(self.name, "progress.json", text)
+            except TunerError as e:
+                log.error("could not report the failure: %s", e)
 
     def stop(self, deadline_s: float = 300.0) -> None:
         """Final upload, retried until ``deadline_s``: the client only exits 0 once stored."""

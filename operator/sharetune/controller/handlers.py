@@ -184,10 +184,65 @@ def observe(job: JobRef, s: TuningJobSpec) -> Observed:
     return obs
 
 
-@kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=TIMER_S, initial_delay=1.0)
-def reconcile_status(body: Any, name: str, namespace: str, uid: str, spec: Any, status: Any, meta: Any,
-                     patch: kopf.Patch, **_: Any) -> None:
+# Status is refreshed by one operator-wide loop rather than a kopf timer per job: kopf puts a
+# finalizer on every object that has timers, and a TuningJob should carry one only when it asked
+# for external cleanup. One list per tick also scales better than a timer per job.
+NAMESPACES: list[str] = []  # empty = cluster-wide (set by `sharetune operator --namespace`)
+
+
+@kopf.on.startup()
+async def start_status_loop(memo: kopf.Memo, **_: Any) -> None:
+    import asyncio
+
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(TIMER_S)
+            try:
+                await asyncio.to_thread(reconcile_all)
+            except Exception as e:  # never let the loop die: log, count, go on
+                metrics.ERRORS.labels("status", type(e).__name__).inc()
+                log.exception("status loop: %s", e)
+
+    memo["status_loop"] = asyncio.get_running_loop().create_task(loop())
+
+
+@kopf.on.cleanup()
+async def stop_status_loop(memo: kopf.Memo, **_: Any) -> None:
+    task = memo.get("status_loop")
+    if task is not None:
+        task.cancel()
+
+
+def reconcile_all() -> None:
+    objs = client.CustomObjectsApi(api())
+    if NAMESPACES:
+        items = [j for ns in NAMESPACES
+                 for j in objs.list_namespaced_custom_object(API_GROUP, API_VERSION, ns, PLURAL)["items"]]
+    else:
+        items = objs.list_cluster_custom_object(API_GROUP, API_VERSION, PLURAL)["items"]
+    for body in items:
+        if body["metadata"].get("deletionTimestamp"):
+            continue
+        patch = kopf.Patch()
+        try:
+            reconcile_status(body, patch)
+        except client.ApiException as e:
+            metrics.ERRORS.labels("status", str(e.status)).inc()
+            log.warning("status of %s/%s: %s", body["metadata"]["namespace"], body["metadata"]["name"], e.reason)
+            continue
+        if patch:
+            try:
+                objs.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, body["metadata"]["namespace"],
+                                                           PLURAL, body["metadata"]["name"], dict(patch))
+            except client.ApiException as e:
+                if e.status != 404:  # deleted meanwhile
+                    raise
+
+
+def reconcile_status(body: dict[str, Any], patch: kopf.Patch) -> None:
     t0 = time.monotonic()
+    meta, spec, status = body["metadata"], body.get("spec") or {}, body.get("status") or {}
+    name, namespace = meta["name"], meta["namespace"]
     phase = status.get("phase")
     if phase in FINAL:
         _maybe_expire(name, namespace, spec, status)
@@ -198,7 +253,7 @@ def reconcile_status(body: Any, name: str, namespace: str, uid: str, spec: Any, 
         s = parse_spec(name, dict(spec))
     except SpecError:
         return
-    job = JobRef(name, namespace, uid)
+    job = JobRef(name, namespace, meta["uid"])
     obs = observe(job, s)
     if obs.clients_succeeded >= s.shards and not obs.merge_exists and not obs.clients_failed:
         if kube.create(api(), plan_merge(job, s, image())):
@@ -213,11 +268,8 @@ def reconcile_status(body: Any, name: str, namespace: str, uid: str, spec: Any, 
         patch.status["tunedLatencyMs"] = obs.summary.get("latency_tuned_ms")
         patch.status["trialsCompleted"] = obs.summary.get("records")
         patch.status["progressPercent"] = 100
-    if new_phase != phase or (reason and reason != _last_reason(status)):
-        if new_phase != phase:
-            _set_phase(body, patch, new_phase, reason, message, meta.get("generation"), dict(status))
-        elif new_phase == PENDING and reason == "GpuUnavailable":
-            _set_phase(body, patch, new_phase, reason, message, meta.get("generation"), dict(status))
+    if new_phase != phase or (new_phase == PENDING and reason == "GpuUnavailable" and reason != _last_reason(status)):
+        _set_phase(body, patch, new_phase, reason, message, meta.get("generation"), dict(status))
     metrics.RECONCILE.labels("status").observe(time.monotonic() - t0)
 
 
@@ -252,3 +304,31 @@ def count_phases(event: Any, **_: Any) -> None:
 
 
 _phases: dict[str, str] = {}
+
+
+def _cleanup_requested(spec: Any, **_: Any) -> bool:
+    return bool(((spec.get("output") or {}).get("s3") or {}).get("cleanupOnDelete"))
+
+
+@kopf.on.delete(API_GROUP, API_VERSION, PLURAL, when=_cleanup_requested)
+def cleanup_s3(name: str, namespace: str, spec: Any, body: Any, **_: Any) -> None:
+    """Only jobs that asked for it get a finalizer (kopf adds one for matching delete handlers):
+    their objects in the bucket go with them. Children go by garbage collection either way."""
+    import base64
+
+    import boto3
+
+    s3 = parse_spec(name, dict(spec)).output.s3
+    assert s3 is not None
+    secret = client.CoreV1Api(api()).read_namespaced_secret(s3.secret_name, namespace)
+    data = secret.data or {}
+    bucket = boto3.client("s3", endpoint_url=s3.endpoint or None, region_name=s3.region,
+                          aws_access_key_id=base64.b64decode(data[s3.access_key_id_key]).decode(),
+                          aws_secret_access_key=base64.b64decode(data[s3.secret_access_key_key]).decode())
+    prefix = (f"{s3.prefix}/" if s3.prefix else "") + f"{namespace}/{name}"
+    deleted = 0
+    for page in bucket.get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            bucket.delete_object(Bucket=s3.bucket, Key=obj["Key"])
+            deleted += 1
+    log.info("deleted %d objects under s3://%s/%s", deleted, s3.bucket, prefix)

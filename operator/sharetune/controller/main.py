@@ -20,7 +20,9 @@ def run(a: argparse.Namespace) -> int:
     import kopf
     from prometheus_client import start_http_server
 
-    from . import handlers  # noqa: F401  (registers the handlers)
+    from . import handlers  # registers the handlers
+
+    handlers.NAMESPACES = list(a.namespace)
 
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")

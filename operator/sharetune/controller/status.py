@@ -38,6 +38,7 @@ class ShardView:
     budget: int = 0
     best_s: float | None = None
     resumed: int = 0
+    message: str = ""
 
     @classmethod
     def from_progress(cls, index: int, text: str | None) -> "ShardView":
@@ -49,7 +50,7 @@ class ShardView:
             return cls(index)
         best = [t["best_s"] for t in p.get("tasks", []) if t.get("best_s")]
         return cls(index, p.get("state", "starting"), int(p.get("done", 0)), int(p.get("budget", 0)),
-                   min(best) if best else None, int(p.get("resumed", 0)))
+                   min(best) if best else None, int(p.get("resumed", 0)), str(p.get("message", "")))
 
     def as_status(self) -> dict[str, Any]:
         d: dict[str, Any] = {"index": self.index, "state": self.state, "done": self.done, "budget": self.budget}
@@ -95,8 +96,10 @@ def next_phase(current: str | None, obs: Observed, shards: int) -> tuple[str, st
     if current in FINAL:
         return current, "", ""
     if obs.clients_failed:
-        return FAILED, "ShardFailed", (f"shard(s) {obs.clients_failed_indexes or '?'} failed after their retries: "
-                                       f"{obs.clients_failed_message}")
+        why = "; ".join(f"shard {s.index}: {s.message}" for s in obs.shards if s.state == "failed" and s.message)
+        reason = "OutputTooLarge" if "more than a ConfigMap holds" in why else "ShardFailed"
+        return FAILED, reason, (f"shard(s) {obs.clients_failed_indexes or '?'} failed after their retries: "
+                                f"{why or obs.clients_failed_message}")
     if obs.merge_failed:
         return FAILED, "MergeFailed", obs.merge_message or "the merge job failed"
     if obs.merge_succeeded:

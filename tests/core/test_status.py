@@ -1,0 +1,50 @@
+"""Phase and condition logic of the operator (pure)."""
+
+from __future__ import annotations
+
+import json
+
+from sharetune.controller.status import (FAILED, MERGING, PENDING, RUNNING, SUCCEEDED, Observed, ShardView,
+                                         condition, next_phase, progress_fields)
+
+
+def shard(i: int, state: str, done: int = 0, budget: int = 4, message: str = "") -> ShardView:
+    return ShardView.from_progress(i, json.dumps({"state": state, "done": done, "budget": budget, "message": message,
+                                                  "tasks": [{"best_s": 1e-4}]}))
+
+
+def test_phases_follow_the_observed_children() -> None:
+    assert next_phase(None, Observed([shard(0, "starting")]), 1)[0] == PENDING
+    assert next_phase(PENDING, Observed([shard(0, "tuning", 1)]), 1)[:2] == (RUNNING, "Tuning")
+    assert next_phase(RUNNING, Observed([shard(0, "done", 4)], clients_succeeded=1), 1)[:2] == (MERGING, "ShardsDone")
+    ok = Observed([shard(0, "done", 4)], clients_succeeded=1, merge_exists=True, merge_succeeded=True,
+                  summary={"records": 4, "speedup": 3.2})
+    assert next_phase(MERGING, ok, 1) == (SUCCEEDED, "Merged", "4 trials merged; 3.2x faster than untuned")
+    lost = Observed([shard(0, "done", 4)], clients_succeeded=1, merge_exists=True, merge_succeeded=True)
+    assert next_phase(MERGING, lost, 1)[:2] == (FAILED, "ResultMissing")
+    assert next_phase(SUCCEEDED, Observed([shard(0, "failed")], clients_failed=True), 1)[0] == SUCCEEDED  # final
+
+
+def test_failed_shard_reason_carries_the_shards_message() -> None:
+    obs = Observed([shard(0, "done", 4), shard(1, "failed", 2, message="shard-1 is 2000000 bytes compressed: "
+                                                                     "more than a ConfigMap holds (1 MiB)")],
+                   clients_failed=True, clients_failed_indexes="1", clients_failed_message="FailedIndexes: ...")
+    phase, reason, message = next_phase(RUNNING, obs, 2)
+    assert (phase, reason) == (FAILED, "OutputTooLarge")
+    assert "shard 1: shard-1 is 2000000 bytes compressed" in message
+    gpu = Observed([shard(0, "starting")], daemon_unschedulable="0/2 nodes are available: 2 Insufficient nvidia.com/gpu.")
+    assert next_phase(PENDING, gpu, 1)[1] == "GpuUnavailable"
+
+
+def test_conditions_move_transition_time_only_on_change() -> None:
+    c1 = condition([], "Ready", "False", "Tuning", "m", 1)
+    c2 = condition(c1, "Ready", "False", "Tuning", "m2", 2)
+    assert c2[0]["lastTransitionTime"] == c1[0]["lastTransitionTime"] and c2[0]["observedGeneration"] == 2
+    c3 = condition([{**c2[0], "lastTransitionTime": "2020-01-01T00:00:00Z"}], "Ready", "True", "Merged", "", 2)
+    assert c3[0]["lastTransitionTime"] != "2020-01-01T00:00:00Z" and c3[0]["status"] == "True"
+
+
+def test_progress_fields() -> None:
+    f = progress_fields(Observed([shard(0, "tuning", 2, 4), shard(1, "done", 4, 4)]), None)
+    assert (f["trialsCompleted"], f["trialsTotal"], f["progressPercent"]) == (6, 8, 75)
+    assert f["shards"][0] == {"index": 0, "state": "tuning", "done": 2, "budget": 4, "bestLatencyUs": 100.0}
