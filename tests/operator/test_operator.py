@@ -277,6 +277,9 @@ def test_a_real_tuning_run_through_the_operator(k8s, cluster, operator, ns, tmp_
         assert every.total == 8
         # One best record per workload that had a successful trial (a failed-only one has none).
         assert stats(tmp_path / "fetched" / "best").total == len(every.best_by_workload) >= 6
+        # The processes' logs are collected into the same store.
+        logs = tmp_path / "fetched" / "logs"
+        assert "shard 1/2" in (logs / "shard-1.log").read_text() and "merged 8 records" in (logs / "merge.log").read_text()
         reasons = [e.reason for e in client.CoreV1Api(k8s).list_namespaced_event(
             ns, field_selector="involvedObject.name=real").items]
         for r_ in ("Created", "Tuning", "ShardsDone", "Merged"):

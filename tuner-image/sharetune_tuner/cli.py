@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -192,7 +193,12 @@ def _client(a: argparse.Namespace) -> int:
         sync = None
         if a.store:
             from .store import ConfigMapStore, open_store
-            from .sync import ShardSync
+            from .sync import LOG, ShardSync
+
+            a.work_dir.mkdir(parents=True, exist_ok=True)
+            handler = logging.FileHandler(a.work_dir / LOG)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+            logging.getLogger().addHandler(handler)
 
             store = open_store(a.store)
             sink = None
@@ -239,9 +245,16 @@ def _merge(a: argparse.Namespace) -> int:
             shard_dirs.append(a.out / "shards" / f"shard-{i}")
     if not shard_dirs:
         raise TunerError("give --shard-dir per shard, or --store")
+    (a.out / "logs").mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(a.out / "logs" / "merge.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.getLogger().addHandler(handler)
+    for i, d in enumerate(shard_dirs):  # the clients' logs travel with their records
+        if (d / "client.log").exists():
+            shutil.copyfile(d / "client.log", a.out / "logs" / f"shard-{i}.log")
     summary = merge_and_report(spec, shard_dirs, a.out, serve_percentages=serve)
     if store is not None:
-        store.put("result", pack(a.out, ["records", "best", "summary.json"]),
+        store.put("result", pack(a.out, ["records", "best", "summary.json", "logs"]),
                   extra={"summary.json": json.dumps(summary)})
     if a.progress:
         sink = open_store(a.progress, a.result_configmap)

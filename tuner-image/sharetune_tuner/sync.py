@@ -21,7 +21,8 @@ from .client import PROGRESS
 from .store import ConfigMapStore, S3Store, TunerError, pack, unpack
 
 log = logging.getLogger("sharetune.sync")
-FILES = [records.WORKLOADS, records.RECORDS, PROGRESS]
+LOG = "client.log"  # the client's own log, stored with its records (pod logs outlive the pod)
+FILES = [records.WORKLOADS, records.RECORDS, PROGRESS, LOG]
 
 
 class ShardSync:

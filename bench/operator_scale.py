@@ -1,0 +1,100 @@
+"""Operator scale: 200 TuningJobs applied at once on the local control plane.
+
+Measures, per job, the time from its creation to the moment all its children exist (the clients'
+Indexed Job is created last), the time until every job is there, and the operator's peak RSS.
+The operator runs as its own process (`sharetune operator`), as in a cluster.
+
+    .venv/bin/python bench/operator_scale.py [--jobs 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "results" / "operator-scale.json"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=200)
+    a = ap.parse_args()
+    from kubernetes import client, config
+
+    from sharetune.cluster.harness import FakeNode, LocalCluster
+
+    nodes = [FakeNode(f"kwok-cpu-{i}", gpus=0, pods=250) for i in range(4)]
+    cluster = LocalCluster(nodes=nodes).start()
+    op = None
+    try:
+        api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        ext = client.ApiextensionsV1Api(api)
+        ext.create_custom_resource_definition(yaml.safe_load((ROOT / "crds" / "tuningjobs.sharetune.io.yaml").read_text()))
+        time.sleep(2)
+        env = {**cluster.env(), "SHARETUNE_STATUS_INTERVAL": "3"}
+        op = subprocess.Popen([sys.executable, "-m", "sharetune.cli", "operator", "--metrics-port", "-1",
+                               "--liveness-port", "-1"], env=env, stdout=open(cluster.workdir / "operator.log", "wb"),
+                              stderr=subprocess.STDOUT, start_new_session=True)
+        time.sleep(5)
+        objs, batch = client.CustomObjectsApi(api), client.BatchV1Api(api)
+        created: dict[str, float] = {}
+        seen: dict[str, float] = {}
+
+        def create(i: int) -> None:
+            body = {"apiVersion": "sharetune.io/v1alpha1", "kind": "TuningJob", "metadata": {"name": f"j{i:03d}"},
+                    "spec": {"model": {"name": "tiny_cnn"}, "servers": {"replicas": 1}, "clients": {"shards": 1}}}
+            created[body["metadata"]["name"]] = time.monotonic()
+            objs.create_namespaced_custom_object("sharetune.io", "v1alpha1", "default", "tuningjobs", body)
+
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=create, args=(i,)) for i in range(a.jobs)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        applied_s = time.monotonic() - t0
+        deadline = time.monotonic() + 300
+        while len(seen) < a.jobs and time.monotonic() < deadline:
+            for j in batch.list_namespaced_job("default", label_selector="app.kubernetes.io/component=client").items:
+                job = j.metadata.labels["sharetune.io/job"]
+                seen.setdefault(job, time.monotonic())
+            time.sleep(0.2)
+        per_job = sorted(seen[j] - created[j] for j in seen)
+        rss_kib = 0
+        for line in Path(f"/proc/{op.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                rss_kib = int(line.split()[1])
+        result = {
+            "jobs": a.jobs, "jobs_with_all_children": len(seen), "apply_s": round(applied_s, 2),
+            "p50_s": round(statistics.median(per_job), 3),
+            "p95_s": round(per_job[int(0.95 * (len(per_job) - 1))], 3),
+            "all_s": round(max(seen.values()) - t0, 2), "rss_mib": round(rss_kib / 1024, 1),
+            "machine_cpus": os.cpu_count(),
+            "note": "children per job: spec/shard/result ConfigMaps, ServiceAccount+Role+RoleBinding, tracker "
+                    "Deployment+Service, servers Deployment, clients Indexed Job (created last, timed here); "
+                    "rss_mib is the operator process's peak (VmHWM)",
+        }
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+        OUT.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result, indent=2))
+    finally:
+        if op is not None:
+            from sharetune.cluster.harness import stop_group
+
+            stop_group(op.pid)
+        cluster.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
