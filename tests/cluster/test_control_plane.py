@@ -12,27 +12,22 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+
+from ..helpers import wait_for  # noqa: F401 (re-exported for the tests)
 from kubernetes.client.rest import ApiException
 
 pytestmark = pytest.mark.cluster
 
 
-def wait_for(what: str, fn: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 @pytest.fixture()
-def ns(k8s) -> str:  # type: ignore[no-untyped-def]
+def ns(k8s):  # type: ignore[no-untyped-def]
     name = f"t-{uuid.uuid4().hex[:8]}"
     client.CoreV1Api(k8s).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    return name
+    yield name
+    # Tests share one cluster with one GPU: give back what this test held.
+    client.CoreV1Api(k8s).delete_namespace(name)
 
 
 def test_namespace_and_configmap_roundtrip(k8s, ns: str) -> None:  # type: ignore[no-untyped-def]

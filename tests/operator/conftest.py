@@ -13,19 +13,12 @@ import pytest
 import yaml
 from kubernetes import client
 
+from ..helpers import wait_for  # noqa: F401 (re-exported for the tests)
+
 CRD = Path(__file__).parents[2] / "crds" / "tuningjobs.sharetune.io.yaml"
 GROUP, VERSION, PLURAL = "sharetune.io", "v1alpha1", "tuningjobs"
 
 
-def wait_for(what: str, fn: Callable[[], Any], timeout_s: float = 60.0, every: float = 0.3) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 @pytest.fixture(scope="session")
@@ -75,10 +68,12 @@ def operator(cluster, crd) -> Iterator[Operator]:  # type: ignore[no-untyped-def
 
 
 @pytest.fixture()
-def ns(k8s) -> str:  # type: ignore[no-untyped-def]
+def ns(k8s):  # type: ignore[no-untyped-def]
     name = f"op-{uuid.uuid4().hex[:6]}"
     client.CoreV1Api(k8s).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    return name
+    yield name
+    # Tests share one cluster with one GPU: give back what this test held.
+    client.CoreV1Api(k8s).delete_namespace(name)
 
 
 def tuning_job(name: str, **spec: Any) -> dict[str, Any]:

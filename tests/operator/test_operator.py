@@ -21,13 +21,7 @@ from .conftest import (GROUP, PLURAL, VERSION, Operator, create_job, finish_pod,
 pytestmark = [pytest.mark.cluster]
 
 
-def maybe(fn: Any, *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
+from sharetune.controller.kube import read_or_none as maybe  # noqa: E402
 
 
 def children(k8s: Any, ns: str, job: str) -> dict[str, list[str]]:
@@ -106,8 +100,9 @@ def test_gpu_job_places_servers_with_the_mps_daemon(k8s, operator, ns) -> None: 
     create_job(k8s, ns, tuning_job("gpu", target="cuda", servers={"replicas": 3, "threadPercentage": 25,
                                                                    "pinnedMemoryLimit": "4G"}))
     core = client.CoreV1Api(k8s)
+    # The session's cluster has one GPU; earlier tests' pods may still be leaving it.
     daemon = wait_for("daemon scheduled", lambda: (p := maybe(core.read_namespaced_pod, "gpu-mps", ns))
-                      and p.spec.node_name and p)
+                      and p.spec.node_name and p, timeout_s=180)
     assert daemon.spec.node_name == "kwok-gpu-0" and daemon.spec.host_ipc
     c = daemon.spec.containers[0]
     assert c.resources.limits == {"nvidia.com/gpu": "1"}

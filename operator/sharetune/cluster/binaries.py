@@ -196,24 +196,17 @@ def build(names: list[str]) -> dict[str, float]:
             _run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(out), f"k8s.io/kubernetes/cmd/{n}"], wd, env)
             _install(path_of(n), out)
             spent[n] = time.monotonic() - t0
-    if "etcd" in names and not path_of("etcd").exists():
-        t0 = time.monotonic()
-        wd = work / f"etcd-{ETCD_VERSION}"
-        wd.mkdir(parents=True, exist_ok=True)
-        _etcd_wrapper(wd)
-        _run(["go", "mod", "tidy"], wd, env)
-        _run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(wd / "etcd"), "."], wd, env)
-        _install(path_of("etcd"), wd / "etcd")
-        spent["etcd"] = time.monotonic() - t0
-    if "s3-server" in names and not path_of("s3-server").exists():
-        t0 = time.monotonic()
-        wd = work / f"s3server-{S3_SERVER_VERSION}"
-        wd.mkdir(parents=True, exist_ok=True)
-        _s3_wrapper(wd)
-        _run(["go", "mod", "tidy"], wd, env)
-        _run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(wd / "s3-server"), "."], wd, env)
-        _install(path_of("s3-server"), wd / "s3-server")
-        spent["s3-server"] = time.monotonic() - t0
+    # Binaries whose wrapper module has its own main package.
+    for n, write_wrapper in (("etcd", _etcd_wrapper), ("s3-server", _s3_wrapper)):
+        if n in names and not path_of(n).exists():
+            t0 = time.monotonic()
+            wd = work / f"{n}-{binary(n).version}"
+            wd.mkdir(parents=True, exist_ok=True)
+            write_wrapper(wd)
+            _run(["go", "mod", "tidy"], wd, env)
+            _run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(wd / n), "."], wd, env)
+            _install(path_of(n), wd / n)
+            spent[n] = time.monotonic() - t0
     simple = {
         "kwok": f"sigs.k8s.io/kwok/cmd/kwok@v{KWOK_VERSION}",
         "helm": f"helm.sh/helm/v3/cmd/helm@v{HELM_VERSION}",
