@@ -34,18 +34,25 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
                          "--servers", str(servers), "--pct", str(pct), *(extra or [])]}
 
     ev = {"id": "evaluate", "file": None, "est": 330, "argv": ["evaluate.py", "--model", model]}
+    # Cells already in the results files are skipped. The first five ran on 2026-12-02; the two P=10
+    # sharetune cells ran before build_without_intrinsics (and st-r18-m6n6p10 with 32 candidates of
+    # population per candidate): the -v2 cells rerun the current code.
     return [
         {"id": f"base-{m}", "file": CELLS, "est": 380,
          "argv": ["tune_cell.py", "--id", f"base-{m}", "--mode", "baseline", *base]},
         {"id": "profile-r18", "file": PROFILE, "est": 200, "argv": ["profile_trial.py", "--id", "profile-r18"]},
         st(6, 6, 10),
-        st(3, 3, 25),
-        st(6, 6, 10, ["--pop-per-cand", "16"], "-pop16"),
+        st(6, 6, 10, ["--pop-per-cand", "8"], "-pop8"),
+        st(6, 6, 100),
         ev,
-        st(2, 2, 50),
-        st(1, 1, 100),
-        st(2, 2, 75),
-        st(3, 6, 25),
+        # not run yet: the rest of the quality matrix's tuning shares, and topology variants
+        st(6, 6, 25, suffix="-v2"),
+        st(6, 6, 50, suffix="-v2"),
+        st(6, 6, 75, suffix="-v2"),
+        st(6, 6, 10, suffix="-v2"),
+        dict(ev),
+        st(3, 3, 100, suffix="-v2"),
+        st(6, 12, 100, suffix="-v2"),
         dict(ev),
     ]
 

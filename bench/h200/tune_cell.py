@@ -166,8 +166,9 @@ spec:
         tasks += [{"name": t["name"], "workload_hash": t["workload_hash"], "budget": t["budget"]}
                   for t in pr.get("tasks", [])]
     return {"t0": t0, "t1": t1, "db_dirs": [str(d) for d in dbs], "sampler": sampler, "phases": phases,
+            "builder": "PooledBuilder(build_without_intrinsics, export .so)", "runner": "SessionRPCRunner",
             "tasks": tasks, "mps": mps, "mps_server_list": mps_check, "builder_workers": workers,
-            "pop_per_cand": a.pop_per_cand or 32,
+            "pop_per_cand": a.pop_per_cand or 8,
             "client_restarts": sum(p.restarts for p in lr.procs if p.name.startswith("client"))}
 
 

@@ -19,6 +19,20 @@ from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _wo
 from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
 
 
+def build_without_intrinsics(mod: Any, target: Any, _params: Any) -> Any:
+    """MetaSchedule's ``default_build`` minus its ``import tvm.s_tir.tensor_intrin``: that import
+    parses every tensor intrinsic of every target from TVMScript (~10 s of CPU for the CUDA ones
+    alone) in each fresh builder worker, which made the first batch of every pool take ~30 s on the
+    H200 machine (bench/results/h200-tuning.json, profile). A candidate arrives already scheduled
+    (tensorize applied in the client, which does register the intrinsics), so building it does
+    not need the registry."""
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm_build(mod, target=target)
+
+
 def export_shared(mod: Any) -> str:
     """Exports a built candidate as a linked shared library. The stock export is a ``.tar`` of
     object files that the RPC server links with ``g++ -shared`` when it loads the module, on its
@@ -42,7 +56,7 @@ class PooledBuilder(PyBuilder):
 
     def build(self, build_inputs: list[Any]) -> list[Any]:
         results = []
-        args = [(None, self.f_export, b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
+        args = [(build_without_intrinsics, self.f_export, b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
         for r in self.pool.map_with_error_catching(lambda x: _worker_func(*x), args):
             if r.status == StatusKind.COMPLETE:
                 results.append(BuilderResult(r.value, None))
