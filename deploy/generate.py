@@ -1,0 +1,33 @@
+"""Generates deploy/sharetune.yaml (namespace, CRD, RBAC, operator Deployment) from the Helm
+chart, for users without Helm. tests/helm checks that the committed file has not drifted.
+
+    .venv/bin/python deploy/generate.py            # rewrite deploy/sharetune.yaml
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "deploy" / "sharetune.yaml"
+NAMESPACE = "sharetune-system"
+
+
+def render() -> str:
+    sys.path.insert(0, str(ROOT / "operator"))
+    from sharetune.cluster import binaries
+
+    helm = binaries.ensure(["helm"])["helm"]
+    body = subprocess.run([str(helm), "template", "sharetune", str(ROOT / "helm" / "sharetune"),
+                           "--namespace", NAMESPACE], check=True, capture_output=True, text=True).stdout
+    header = ("# Generated from helm/sharetune by deploy/generate.py: do not edit by hand.\n"
+              "# kubectl apply -f deploy/sharetune.yaml\n"
+              f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NAMESPACE}\n")
+    return header + body
+
+
+if __name__ == "__main__":
+    OUT.write_text(render())
+    print(f"wrote {OUT}")

@@ -1,0 +1,111 @@
+"""The Helm chart and the plain manifests, on a real control plane of their own (the chart owns
+the CRD, so it must not meet the CRD other tests created)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from ..helpers import wait_for
+
+ROOT = Path(__file__).parents[2]
+CHART = ROOT / "helm" / "sharetune"
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def helm_cluster() -> Iterator["LocalCluster"]:
+    from sharetune.cluster.harness import FakeNode, LocalCluster
+
+    c = LocalCluster(nodes=[FakeNode("kwok-gpu-0", gpus=1)]).start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def helm(cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+    from sharetune.cluster import binaries
+
+    return subprocess.run([str(binaries.path_of("helm")), *args], capture_output=True, text=True,
+                          env=cluster.env() if cluster else None, check=check, timeout=120)
+
+
+def kubectl(cluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+    from sharetune.cluster import binaries
+
+    return subprocess.run([str(binaries.path_of("kubectl")), *args], input=stdin, capture_output=True, text=True,
+                          env=cluster.env(), timeout=120)
+
+
+def test_chart_crd_is_the_crd() -> None:
+    assert (CHART / "files" / "tuningjobs.sharetune.io.yaml").read_bytes() == \
+        (ROOT / "crds" / "tuningjobs.sharetune.io.yaml").read_bytes(), "copy crds/ into helm/sharetune/files/"
+
+
+def test_deploy_manifests_have_not_drifted() -> None:
+    sys.path.insert(0, str(ROOT / "deploy"))
+    import generate
+
+    assert generate.render() == (ROOT / "deploy" / "sharetune.yaml").read_text(), \
+        "deploy/sharetune.yaml drifted from the chart: run deploy/generate.py"
+
+
+def test_lint_and_values_schema() -> None:
+    assert "0 chart(s) failed" in helm(None, "lint", str(CHART)).stdout
+    assert helm(None, "lint", str(CHART), "--set", "rbac.clusterWide=true",
+                "--set", "metrics.serviceMonitor.enabled=true").returncode == 0
+    bad = helm(None, "lint", str(CHART), "--set", "rbac.clusterWide=maybe", check=False)
+    assert bad.returncode != 0 and "clusterWide" in bad.stdout + bad.stderr
+    typo = helm(None, "template", "x", str(CHART), "--set", "imagee.tag=1", check=False)
+    assert typo.returncode != 0 and "imagee" in typo.stderr
+
+
+@pytest.mark.parametrize("cluster_wide", [False, True])
+def test_template_is_valid_for_the_api_server(helm_cluster, cluster_wide: bool) -> None:  # type: ignore[no-untyped-def]
+    kubectl(helm_cluster, "create", "namespace", "dry")
+    out = helm(helm_cluster, "template", "st", str(CHART), "-n", "dry", "--set", f"rbac.clusterWide={cluster_wide}").stdout
+    r = kubectl(helm_cluster, "apply", "--dry-run=server", "-f", "-", stdin=out)
+    assert r.returncode == 0, r.stderr
+    kinds = {d["kind"] for d in yaml.safe_load_all(out) if d}
+    assert kinds == {"ServiceAccount", "CustomResourceDefinition", "Deployment", "Service",
+                     "ClusterRole" if cluster_wide else "Role", "ClusterRoleBinding" if cluster_wide else "RoleBinding"}
+
+
+def test_install_upgrade_uninstall(helm_cluster) -> None:  # type: ignore[no-untyped-def]
+    api = config.new_client_from_config(config_file=str(helm_cluster.kubeconfig))
+    apps, ext = client.AppsV1Api(api), client.ApiextensionsV1Api(api)
+    r = helm(helm_cluster, "install", "st", str(CHART), "-n", "sharetune-system", "--create-namespace", "--wait",
+             "--timeout", "90s")
+    assert "STATUS: deployed" in r.stdout and "TuningJob CRD is kept" in r.stdout  # NOTES.txt
+    dep = apps.read_namespaced_deployment("sharetune-operator", "sharetune-system")
+    assert dep.spec.strategy.type == "Recreate" and dep.spec.replicas == 1
+    c = dep.spec.template.spec.containers[0]
+    assert c.security_context.read_only_root_filesystem and not c.security_context.allow_privilege_escalation
+    assert "--namespace=sharetune-system" in c.args and c.liveness_probe.http_get.path == "/healthz"
+    assert ext.read_custom_resource_definition("tuningjobs.sharetune.io").spec.names.short_names == ["tj"]
+
+    helm(helm_cluster, "upgrade", "st", str(CHART), "-n", "sharetune-system", "--set", "tunerImage=localhost/t:2")
+    wait_for("upgraded env", lambda: {e.name: e.value for e in apps.read_namespaced_deployment(
+        "sharetune-operator", "sharetune-system").spec.template.spec.containers[0].env}["SHARETUNE_TUNER_IMAGE"]
+        == "localhost/t:2")
+
+    helm(helm_cluster, "uninstall", "st", "-n", "sharetune-system", "--wait")
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    for read in (lambda: apps.read_namespaced_deployment("sharetune-operator", "sharetune-system"),
+                 lambda: core.read_namespaced_service_account("sharetune-operator", "sharetune-system"),
+                 lambda: core.read_namespaced_service("sharetune-operator-metrics", "sharetune-system"),
+                 lambda: rbac.read_namespaced_role("sharetune-operator", "sharetune-system"),
+                 lambda: rbac.read_namespaced_role_binding("sharetune-operator", "sharetune-system")):
+        with pytest.raises(ApiException) as e:
+            read()
+        assert e.value.status == 404
+    # As documented: the CRD (and with it every TuningJob) survives the uninstall.
+    assert ext.read_custom_resource_definition("tuningjobs.sharetune.io")
