@@ -11,6 +11,7 @@ missing=()
 need git || missing+=(git)
 need curl || missing+=(curl)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+need prometheus || missing+=(prometheus)  # a real Prometheus (and promtool) for the monitoring tests
 if [ ${#missing[@]} -gt 0 ]; then
   echo "[setup] apt-get install ${missing[*]}"
   DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"

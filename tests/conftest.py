@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+from kubernetes import client
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +42,60 @@ def s3() -> Iterator["LocalS3"]:
         yield srv
     finally:
         srv.stop()
+
+
+CRD = Path(__file__).parents[1] / "crds" / "tuningjobs.sharetune.io.yaml"
+
+
+@pytest.fixture(scope="session")
+def crd(k8s) -> None:  # type: ignore[no-untyped-def]
+    ext = client.ApiextensionsV1Api(k8s)
+    body = yaml.safe_load(CRD.read_text())
+    try:
+        ext.create_custom_resource_definition(body)
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
+    _wait("CRD established", lambda: any(
+        c.type == "Established" and c.status == "True"
+        for c in (ext.read_custom_resource_definition(body["metadata"]["name"]).status.conditions or [])))
+
+
+class Operator:
+    """Starts/stops the kopf operator in a thread of this process (restartable mid-test)."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.runner: Any = None
+
+    def start(self) -> None:
+        from kopf.testing import KopfRunner
+
+        os.environ["KUBECONFIG"] = str(self.kubeconfig)
+        os.environ["SHARETUNE_STATUS_INTERVAL"] = "1"
+        self.runner = KopfRunner(["run", "-A", "--standalone", "-m", "sharetune.controller.handlers"],
+                                 timeout=60)
+        self.runner.__enter__()
+
+    def stop(self) -> None:
+        if self.runner is not None:
+            self.runner.__exit__(None, None, None)
+            self.runner = None
+
+
+@pytest.fixture(scope="session")
+def operator(cluster, crd) -> Iterator[Operator]:  # type: ignore[no-untyped-def]
+    op = Operator(cluster.kubeconfig)
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+
+
+def _wait(what: str, fn: Any, timeout_s: float = 60.0) -> Any:
+    from .helpers import wait_for
+
+    return wait_for(what, fn, timeout_s)

@@ -58,6 +58,26 @@ def test_deploy_manifests_have_not_drifted() -> None:
         "deploy/sharetune.yaml drifted from the chart: run deploy/generate.py"
 
 
+def test_dashboard_json_is_generated_from_code() -> None:
+    from sharetune.dashboard import render
+
+    assert (CHART / "files" / "dashboard.json").read_text() == render(), \
+        "helm/sharetune/files/dashboard.json drifted: python -m sharetune.dashboard > helm/sharetune/files/dashboard.json"
+
+
+def test_alert_rules_pass_promtool(tmp_path: Path) -> None:
+    import shutil
+
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool comes with Debian's prometheus package (.ci/setup.sh installs it)"
+    out = helm(None, "template", "x", str(CHART), "--set", "prometheusRule.enabled=true",
+               "--show-only", "templates/prometheusrule.yaml").stdout
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump(yaml.safe_load(out)["spec"]))
+    r = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
+    assert r.returncode == 0 and "SUCCESS: 3 rules found" in r.stdout, r.stdout + r.stderr
+
+
 def test_lint_and_values_schema() -> None:
     assert "0 chart(s) failed" in helm(None, "lint", str(CHART)).stdout
     assert helm(None, "lint", str(CHART), "--set", "rbac.clusterWide=true",
@@ -75,7 +95,7 @@ def test_template_is_valid_for_the_api_server(helm_cluster, cluster_wide: bool) 
     r = kubectl(helm_cluster, "apply", "--dry-run=server", "-f", "-", stdin=out)
     assert r.returncode == 0, r.stderr
     kinds = {d["kind"] for d in yaml.safe_load_all(out) if d}
-    assert kinds == {"ServiceAccount", "CustomResourceDefinition", "Deployment", "Service",
+    assert kinds == {"ServiceAccount", "CustomResourceDefinition", "Deployment", "Service", "ConfigMap",
                      "ClusterRole" if cluster_wide else "Role", "ClusterRoleBinding" if cluster_wide else "RoleBinding"}
 
 

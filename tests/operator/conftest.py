@@ -13,58 +13,13 @@ import pytest
 import yaml
 from kubernetes import client
 
+from ..conftest import Operator  # noqa: F401 (the tests restart it)
+
 from ..helpers import wait_for  # noqa: F401 (re-exported for the tests)
 
-CRD = Path(__file__).parents[2] / "crds" / "tuningjobs.sharetune.io.yaml"
 GROUP, VERSION, PLURAL = "sharetune.io", "v1alpha1", "tuningjobs"
 
 
-
-
-@pytest.fixture(scope="session")
-def crd(k8s) -> None:  # type: ignore[no-untyped-def]
-    ext = client.ApiextensionsV1Api(k8s)
-    body = yaml.safe_load(CRD.read_text())
-    try:
-        ext.create_custom_resource_definition(body)
-    except client.ApiException as e:
-        if e.status != 409:
-            raise
-    wait_for("CRD established", lambda: any(
-        c.type == "Established" and c.status == "True"
-        for c in (ext.read_custom_resource_definition(body["metadata"]["name"]).status.conditions or [])))
-
-
-class Operator:
-    """Starts/stops the kopf operator in a thread of this process (restartable mid-test)."""
-
-    def __init__(self, kubeconfig: Path) -> None:
-        self.kubeconfig = kubeconfig
-        self.runner: Any = None
-
-    def start(self) -> None:
-        from kopf.testing import KopfRunner
-
-        os.environ["KUBECONFIG"] = str(self.kubeconfig)
-        os.environ["SHARETUNE_STATUS_INTERVAL"] = "1"
-        self.runner = KopfRunner(["run", "-A", "--standalone", "-m", "sharetune.controller.handlers"],
-                                 timeout=60)
-        self.runner.__enter__()
-
-    def stop(self) -> None:
-        if self.runner is not None:
-            self.runner.__exit__(None, None, None)
-            self.runner = None
-
-
-@pytest.fixture(scope="session")
-def operator(cluster, crd) -> Iterator[Operator]:  # type: ignore[no-untyped-def]
-    op = Operator(cluster.kubeconfig)
-    op.start()
-    try:
-        yield op
-    finally:
-        op.stop()
 
 
 @pytest.fixture()

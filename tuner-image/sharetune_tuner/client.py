@@ -202,6 +202,9 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     progress.budget = sum(tp.budget for tp in progress.tasks)
     progress.done = progress.resumed = sum(tp.done for tp in progress.tasks)
     metrics.SHARD_BUDGET.labels(cfg.job, str(cfg.shard)).set(progress.budget)
+    for tp in progress.tasks:  # every series exists from the start: error rates read 0, not "no data"
+        for status in metrics.TRIAL_STATUSES:
+            metrics.TRIALS.labels(cfg.job, str(cfg.shard), tp.name, status).inc(0)
     metrics.SHARD_DONE.labels(cfg.job, str(cfg.shard)).set(progress.done)
     log.info("shard %d/%d: %d of %d tasks, %d trials budgeted, %d already in the database",
              cfg.shard, cfg.shards, len(mine), len(tasks), progress.budget, progress.resumed)

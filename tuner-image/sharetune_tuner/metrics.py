@@ -1,18 +1,20 @@
-"""Prometheus metrics of the tuner processes (one registry per process, scraped at /metrics)."""
+"""Prometheus metrics of the tuner processes (one registry per process, scraped at /metrics).
+
+The TuningJob's name is the ``tuning_job`` label: Prometheus owns ``job`` (the scrape job)."""
 
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
 TRIALS = Counter("sharetune_trials", "Measured tuning trials by outcome",
-                 ["job", "shard", "task", "status"])
+                 ["tuning_job", "shard", "task", "status"])
 PHASE_SECONDS = Counter("sharetune_phase_seconds", "Wall seconds spent per tuning phase",
-                        ["job", "shard", "phase"])
+                        ["tuning_job", "shard", "phase"])
 BEST_LATENCY = Gauge("sharetune_best_latency_seconds", "Best measured latency of a task so far",
-                     ["job", "shard", "task"])
+                     ["tuning_job", "shard", "task"])
 SHARD_DONE = Gauge("sharetune_shard_trials_done", "Trials done by this shard (resumed ones included)",
-                   ["job", "shard"])
-SHARD_BUDGET = Gauge("sharetune_shard_trials_budget", "Trials this shard owes in total", ["job", "shard"])
+                   ["tuning_job", "shard"])
+SHARD_BUDGET = Gauge("sharetune_shard_trials_budget", "Trials this shard owes in total", ["tuning_job", "shard"])
 SERVERS_REGISTERED = Gauge("sharetune_rpc_servers_registered", "RPC servers registered at the tracker",
                            ["key"])
 SERVER_REGISTERED = Gauge("sharetune_rpc_server_registered", "1 while this server is registered",
@@ -23,3 +25,5 @@ THREAD_PERCENTAGE = Gauge("sharetune_mps_thread_percentage", "CUDA_MPS_ACTIVE_TH
 GPU_UTIL = Gauge("sharetune_gpu_utilization_percent", "GPU utilisation (NVML)", ["gpu", "server"])
 GPU_MEM = Gauge("sharetune_gpu_memory_used_bytes", "GPU memory in use (NVML)", ["gpu", "server"])
 MPS_UP = Gauge("sharetune_mps_daemon_up", "1 while the MPS control daemon answers", ["pipe_dir"])
+
+TRIAL_STATUSES = ("ok", "build_error", "run_error")
