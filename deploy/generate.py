@@ -21,7 +21,7 @@ def render() -> str:
 
     helm = binaries.ensure(["helm"])["helm"]
     body = subprocess.run([str(helm), "template", "sharetune", str(ROOT / "helm" / "sharetune"),
-                           "--namespace", NAMESPACE], check=True, capture_output=True, text=True).stdout
+                           "--namespace", NAMESPACE, "--skip-tests"], check=True, capture_output=True, text=True).stdout
     header = ("# Generated from helm/sharetune by deploy/generate.py: do not edit by hand.\n"
               "# kubectl apply -f deploy/sharetune.yaml\n"
               f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NAMESPACE}\n")

@@ -17,6 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
         operator_main = None  # type: ignore[assignment]
     if operator_main is not None:
         operator_main.add_parser(sub)
+        from . import smoke
+
+        smoke.add_parser(sub)
     try:  # local mode lives with the tuner runtime; absent when only the operator extra is installed
         from sharetune_tuner import local_cli
     except ImportError:

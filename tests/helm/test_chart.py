@@ -91,12 +91,33 @@ def test_lint_and_values_schema() -> None:
 @pytest.mark.parametrize("cluster_wide", [False, True])
 def test_template_is_valid_for_the_api_server(helm_cluster, cluster_wide: bool) -> None:  # type: ignore[no-untyped-def]
     kubectl(helm_cluster, "create", "namespace", "dry")
-    out = helm(helm_cluster, "template", "st", str(CHART), "-n", "dry", "--set", f"rbac.clusterWide={cluster_wide}").stdout
+    out = helm(helm_cluster, "template", "st", str(CHART), "-n", "dry", "--set", f"rbac.clusterWide={cluster_wide}",
+               "--skip-tests").stdout
     r = kubectl(helm_cluster, "apply", "--dry-run=server", "-f", "-", stdin=out)
     assert r.returncode == 0, r.stderr
     kinds = {d["kind"] for d in yaml.safe_load_all(out) if d}
     assert kinds == {"ServiceAccount", "CustomResourceDefinition", "Deployment", "Service", "ConfigMap",
                      "ClusterRole" if cluster_wide else "Role", "ClusterRoleBinding" if cluster_wide else "RoleBinding"}
+
+
+def test_helm_test_hook_is_valid_and_least_privileged(helm_cluster) -> None:  # type: ignore[no-untyped-def]
+    """The `helm test` hook itself (a real run needs nodes that run pods: the real-node stage)."""
+    kubectl(helm_cluster, "create", "namespace", "hook")
+    out = helm(helm_cluster, "template", "st", str(CHART), "-n", "hook",
+               "--show-only", "templates/tests/smoke-test.yaml").stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    # The pod's admission looks its ServiceAccount up: create the identity for real, then
+    # let the API server validate the pod (dry run).
+    identity = yaml.safe_dump_all([d for d in docs if d["kind"] != "Pod"])
+    assert kubectl(helm_cluster, "apply", "-f", "-", stdin=identity).returncode == 0
+    r = kubectl(helm_cluster, "apply", "--dry-run=server", "-f", "-", stdin=out)
+    assert r.returncode == 0, r.stderr
+    assert all(d["metadata"]["annotations"]["helm.sh/hook"] == "test" for d in docs)
+    role = next(d for d in docs if d["kind"] == "Role")
+    assert role["rules"] == [{"apiGroups": ["sharetune.io"], "resources": ["tuningjobs"],
+                              "verbs": ["get", "create", "delete"]}]
+    pod = next(d for d in docs if d["kind"] == "Pod")
+    assert pod["spec"]["containers"][0]["args"] == ["smoke-test", "--namespace=hook"]
 
 
 def test_install_upgrade_uninstall(helm_cluster) -> None:  # type: ignore[no-untyped-def]

@@ -318,3 +318,15 @@ def test_operator_exports_metrics(operator) -> None:  # type: ignore[no-untyped-
     for name in ("sharetune_operator_jobs{phase=", "sharetune_operator_reconcile_seconds_bucket",
                  "sharetune_operator_children_created_total{kind=\"Job\"}", "sharetune_operator_phase_transitions_total"):
         assert name in text, name
+
+
+def test_smoke_test_command_applies_a_job_and_reports_when_it_does_not_finish(k8s, cluster, operator, ns) -> None:  # type: ignore[no-untyped-def]
+    """The `helm test` hook's command. Here no pod runs (kwok), so it must time out, clearly."""
+    import os
+
+    r = subprocess.run([sys.executable, "-m", "sharetune.cli", "smoke-test", "--namespace", ns, "--timeout", "8"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)})
+    assert r.returncode == 1 and "sharetune-smoke did not finish in 8s (phase Pending)" in r.stderr
+    job = get_job(k8s, ns, "sharetune-smoke")
+    assert job["spec"]["target"] == "llvm" and job["spec"]["ttlSecondsAfterFinished"] == 600

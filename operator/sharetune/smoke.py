@@ -1,0 +1,58 @@
+"""`sharetune smoke-test`: apply a tiny CPU TuningJob and wait until it Succeeded (the chart's
+`helm test` hook runs this in the cluster)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+from .spec import API_GROUP, API_VERSION
+
+TINY = {"model": {"name": "tiny_cnn", "inputShape": [1, 3, 32, 32]}, "target": "llvm",
+        "trials": {"total": 8, "perTask": 2, "perIteration": 2}, "servers": {"replicas": 1},
+        "clients": {"shards": 1, "builderWorkers": 1}, "ttlSecondsAfterFinished": 600}
+
+
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    p = sub.add_parser("smoke-test", help="apply a tiny CPU TuningJob and wait for it to succeed")
+    p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "default"))
+    p.add_argument("--name", default="sharetune-smoke")
+    p.add_argument("--timeout", type=float, default=900)
+    p.set_defaults(func=run)
+
+
+def run(a: argparse.Namespace) -> int:
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+    api = client.CustomObjectsApi()
+    body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "TuningJob", "metadata": {"name": a.name},
+            "spec": TINY}
+    try:
+        api.delete_namespaced_custom_object(API_GROUP, API_VERSION, a.namespace, "tuningjobs", a.name)
+        time.sleep(2)
+    except client.ApiException as e:
+        if e.status != 404:
+            raise
+    api.create_namespaced_custom_object(API_GROUP, API_VERSION, a.namespace, "tuningjobs", body)
+    deadline = time.monotonic() + a.timeout
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        status = api.get_namespaced_custom_object(API_GROUP, API_VERSION, a.namespace, "tuningjobs",
+                                                  a.name).get("status") or {}
+        if status.get("phase") == "Succeeded":
+            print(f"{a.name} succeeded: {status.get('trialsCompleted')} trials, "
+                  f"{status.get('bestSpeedup')}x faster than untuned")
+            return 0
+        if status.get("phase") == "Failed":
+            print(f"{a.name} failed: {status.get('message')}", file=sys.stderr)
+            return 1
+        time.sleep(5)
+    print(f"{a.name} did not finish in {a.timeout:.0f}s (phase {status.get('phase')})", file=sys.stderr)
+    return 1
