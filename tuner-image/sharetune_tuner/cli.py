@@ -98,7 +98,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--progress", default=None, help="configmap://ns/job: also put summary.json in the result "
                    "ConfigMap (when --store is s3)")
     g.add_argument("--out", type=Path, required=True, help="output directory (records + summary.json)")
-    g.add_argument("--serve-percentages", default="", help="comma list of MPS %% to report latency at")
     _common(g)
     return p
 
@@ -230,7 +229,6 @@ def _merge(a: argparse.Namespace) -> int:
     from .merge import merge_and_report
 
     spec = _load_spec(a.job)
-    serve = [int(x) for x in a.serve_percentages.split(",") if x.strip()]
     shard_dirs = list(a.shard_dir)
     store = None
     from .store import open_store, pack, unpack
@@ -252,7 +250,7 @@ def _merge(a: argparse.Namespace) -> int:
     for i, d in enumerate(shard_dirs):  # the clients' logs travel with their records
         if (d / "client.log").exists():
             shutil.copyfile(d / "client.log", a.out / "logs" / f"shard-{i}.log")
-    summary = merge_and_report(spec, shard_dirs, a.out, serve_percentages=serve)
+    summary = merge_and_report(spec, shard_dirs, a.out)
     if store is not None:
         store.put("result", pack(a.out, ["records", "best", "summary.json", "logs"]),
                   extra={"summary.json": json.dumps(summary)})

@@ -70,8 +70,7 @@ def outputs_match(reference: np.ndarray, tuned: np.ndarray) -> tuple[bool, float
     return err < 1e-3, err
 
 
-def merge_and_report(spec: Any, shard_dirs: list[Path], out: Path,
-                     serve_percentages: list[int] | None = None) -> dict[str, Any]:
+def merge_and_report(spec: Any, shard_dirs: list[Path], out: Path) -> dict[str, Any]:
     t0 = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     counts = records.merge(shard_dirs, out / "records", out / "best")
