@@ -34,15 +34,9 @@ CELLS = "h200-cells.jsonl"
 
 # ---- stage A: CPU work per run (subprocess) ----------------------------------------------------
 def _lines(p: Path) -> list[Any]:
-    if not p.exists():
-        return []
-    out = []
-    for line in p.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            break
-    return out
+    from sharetune_tuner.records import read_lines
+
+    return read_lines(p)
 
 
 def improving_records(cell: dict[str, Any]) -> list[dict[str, Any]]:

@@ -24,16 +24,9 @@ CELLS = "h200-cells.jsonl"
 
 
 def _records(db: Path) -> list[Any]:
-    p = db / "database_tuning_record.json"
-    if not p.exists():
-        return []
-    out = []
-    for line in p.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
+    from sharetune_tuner.records import RECORDS, read_lines
+
+    return read_lines(db / RECORDS)
 
 
 def _failed(recs: list[Any]) -> int:

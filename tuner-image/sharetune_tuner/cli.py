@@ -112,6 +112,20 @@ def _status_server(port: int, health: Any = None) -> Any:
     return srv
 
 
+def _serve(metrics_port: int, health: Any, loop: Any) -> int:
+    """A long-running command: SIGTERM/SIGINT set the stop event ``loop`` polls, and /metrics +
+    /healthz are served for as long as it runs."""
+    from .service import stop_on_signals
+
+    stop = stop_on_signals()
+    srv = _status_server(metrics_port, health)
+    try:
+        return int(loop(stop))
+    finally:
+        if srv:
+            srv.stop()
+
+
 def _load_spec(path: Path) -> Any:
     from sharetune.spec import SpecError, load_job
 
@@ -122,45 +136,27 @@ def _load_spec(path: Path) -> Any:
 
 
 def run(a: argparse.Namespace) -> int:
-    from .service import setup_logging, stop_on_signals
+    from .service import setup_logging
 
     setup_logging(a.verbose)
     if a.cmd == "tracker":
         from .rpc import run_tracker
 
-        stop = stop_on_signals()
-        srv = _status_server(a.metrics_port)
-        try:
-            return run_tracker(a.host, a.port, stop)
-        finally:
-            if srv:
-                srv.stop()
+        return _serve(a.metrics_port, None, lambda stop: run_tracker(a.host, a.port, stop))
     if a.cmd == "server":
         from .rpc import ServerConfig, TuningServer
 
         host, port = _split(a.tracker)
-        stop = stop_on_signals()
         server = TuningServer(ServerConfig(host, port, a.key, host=a.host, port=a.port, port_end=a.port_end,
                                            thread_percentage=a.thread_percentage,
                                            pinned_memory_limit=a.pinned_memory_limit,
                                            custom_addr=a.advertise_addr, name=a.name))
-        srv = _status_server(a.metrics_port, server.health)
-        try:
-            return server.serve(stop)
-        finally:
-            if srv:
-                srv.stop()
+        return _serve(a.metrics_port, server.health, server.serve)
     if a.cmd == "mps-daemon":
         from .mps import MpsDaemon
 
-        stop = stop_on_signals()
         d = MpsDaemon(a.pipe_dir, a.log_dir, a.thread_percentage, a.pinned_memory_limit, a.control_binary)
-        srv = _status_server(a.metrics_port, d.health)
-        try:
-            return d.run(stop)
-        finally:
-            if srv:
-                srv.stop()
+        return _serve(a.metrics_port, d.health, d.run)
     if a.cmd == "client":
         return _client(a)
     if a.cmd == "merge":

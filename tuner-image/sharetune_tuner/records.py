@@ -43,6 +43,11 @@ def _complete_lines(path: Path) -> tuple[list[Any], int]:
     return out, good
 
 
+def read_lines(path: Path) -> list[Any]:
+    """The complete, valid JSON lines of a records/workloads (or any JSON-lines) file."""
+    return _complete_lines(path)[0]
+
+
 def repair(db_dir: Path) -> int:
     """Cuts a torn last line (kill -9 mid-write) so TVM can load the database; returns bytes cut."""
     cut = 0
