@@ -74,6 +74,7 @@ class LocalRun:
     max_client_restarts: int = 3
     procs: list[Proc] = field(default_factory=list)
     key: str = "sharetune"
+    stopping: bool = False
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -132,6 +133,7 @@ class LocalRun:
         return self._spawn(f"client-{i}", self.client_args(i))
 
     def stop_all(self) -> None:
+        self.stopping = True  # run_clients (maybe in another thread) returns instead of restarting
         for p in reversed(self.procs):
             p.stop()
 
@@ -151,11 +153,13 @@ class LocalRun:
     def run_clients(self, on_tick: Any = None, poll_s: float = 1.0) -> None:
         clients = {i: self.start_client(i) for i in range(self.spec.shards)}
         running = set(clients)
-        while running:
+        while running and not self.stopping:
             time.sleep(poll_s)
             if on_tick:
                 on_tick(self.progress())
             for i in sorted(running):
+                if self.stopping:
+                    return
                 rc = clients[i].poll()
                 if rc is None:
                     continue
