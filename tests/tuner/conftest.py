@@ -7,20 +7,17 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from sharetune.procs import free_port  # noqa: F401 (re-exported for the tests)
+
+from ..helpers import wait_for
+
 EXAMPLE = Path(__file__).parents[2] / "examples" / "tiny-cpu.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -59,13 +56,7 @@ def registered(port: int, key: str) -> int:
 
 
 def wait_until(fn, timeout: float = 60, what: str = "condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_for(what, fn, timeout, every=0.5)
 
 
 @dataclass

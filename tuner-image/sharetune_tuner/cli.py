@@ -179,7 +179,7 @@ def _client(a: argparse.Namespace) -> int:
         model = model_mod.load_for_spec(spec.model)
         target = make_target(spec.target, spec.builder_workers)
         cfg = ClientConfig(job=spec.name, shard=a.shard, shards=shards, work_dir=a.work_dir,
-                           target_kind=spec.target, tracker_host=host, tracker_port=port,
+                           tracker_host=host, tracker_port=port,
                            tracker_key=a.key, servers=a.servers or spec.servers.replicas,
                            total_trials=spec.trials.total, trials_per_task=spec.trials.per_task,
                            trials_per_iter=spec.trials.per_iteration, cost_model=spec.cost_model,

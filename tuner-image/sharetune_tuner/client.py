@@ -32,7 +32,6 @@ class ClientConfig:
     shard: int
     shards: int
     work_dir: Path  # this shard's database directory
-    target_kind: str
     tracker_host: str
     tracker_port: int
     tracker_key: str

@@ -16,15 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sharetune.procs import free_port, stop_group
+
 from .client import PROGRESS
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -46,18 +40,10 @@ class Proc:
         return None if self.popen is None else self.popen.poll()
 
     def stop(self, grace_s: float = 10.0) -> None:
-        import signal
-
         if self.popen is None or self.popen.poll() is not None:
             return
-        try:
-            os.killpg(self.popen.pid, signal.SIGTERM)  # the group: TVM's popen workers too
-            self.popen.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait()
-        except ProcessLookupError:
-            pass
+        stop_group(self.popen.pid, grace_s)  # the group: TVM's popen workers too
+        self.popen.poll()  # record the exit status stop_group reaped
 
     def tail(self, n: int = 20) -> str:
         try:
@@ -79,7 +65,7 @@ class LocalRun:
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
-        self.tracker_port = _free_port()
+        self.tracker_port = free_port()
 
     # ---- processes ---------------------------------------------------------------------------
     def _base_env(self) -> dict[str, str]:
@@ -90,7 +76,7 @@ class LocalRun:
         return env
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
-        port = _free_port()
+        port = free_port()
         p = Proc(name, [sys.executable, "-m", "sharetune_tuner.cli", *args, "--metrics-port", str(port)],
                  self.workdir / "logs" / f"{name}.log", env or self._base_env(), port)
         p.start()

@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -26,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..procs import free_port, pid_alive, stop_group
 from . import binaries
 from .pki import ClusterPKI, generate
 
@@ -38,12 +37,6 @@ STATE_FILE = "cluster.json"
 
 class ClusterError(RuntimeError):
     """The control plane did not come up; the message carries each component's log tail."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -90,7 +83,7 @@ class Process:
     def alive(self) -> bool:
         if self.popen is not None:
             return self.popen.poll() is None
-        return self.pid is not None and _pid_alive(self.pid)
+        return self.pid is not None and pid_alive(self.pid)
 
     def tail(self, lines: int = 25) -> str:
         try:
@@ -98,42 +91,6 @@ class Process:
         except FileNotFoundError:
             return "(no log)"
         return "\n".join(text[-lines:])
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def stop_group(pid: int, grace_s: float = 10.0) -> None:
-    """SIGTERM the process group led by ``pid``, then SIGKILL what is left after ``grace_s``."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-            if done == pid:
-                break
-        except ChildProcessError:  # not our child (CLI `down`): poll for its exit instead
-            if not _pid_alive(pid):
-                break
-        time.sleep(0.1)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
 
 
 def _kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, user: str) -> None:

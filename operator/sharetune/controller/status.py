@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 PENDING, RUNNING, MERGING, SUCCEEDED, FAILED = "Pending", "Running", "Merging", "Succeeded", "Failed"
@@ -72,8 +72,6 @@ class Observed:
     merge_message: str = ""
     summary: dict[str, Any] | None = None
     daemon_unschedulable: str | None = None  # the scheduler's message
-    started_at: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def progress_fields(obs: Observed, started: str | None) -> dict[str, Any]:
