@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,16 @@ def s3() -> Iterator["LocalS3"]:
         yield srv
     finally:
         srv.stop()
+
+
+@pytest.fixture()
+def ns(k8s):  # type: ignore[no-untyped-def]
+    """A namespace of the test's own on the session's cluster."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    client.CoreV1Api(k8s).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    # Tests share one cluster with one GPU: give back what this test held.
+    client.CoreV1Api(k8s).delete_namespace(name)
 
 
 CRD = Path(__file__).parents[1] / "crds" / "tuningjobs.sharetune.io.yaml"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -21,13 +20,6 @@ pytestmark = pytest.mark.cluster
 
 
 
-@pytest.fixture()
-def ns(k8s):  # type: ignore[no-untyped-def]
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    client.CoreV1Api(k8s).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    yield name
-    # Tests share one cluster with one GPU: give back what this test held.
-    client.CoreV1Api(k8s).delete_namespace(name)
 
 
 def test_namespace_and_configmap_roundtrip(k8s, ns: str) -> None:  # type: ignore[no-untyped-def]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,13 +21,6 @@ GROUP, VERSION, PLURAL = "sharetune.io", "v1alpha1", "tuningjobs"
 
 
 
-@pytest.fixture()
-def ns(k8s):  # type: ignore[no-untyped-def]
-    name = f"op-{uuid.uuid4().hex[:6]}"
-    client.CoreV1Api(k8s).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    yield name
-    # Tests share one cluster with one GPU: give back what this test held.
-    client.CoreV1Api(k8s).delete_namespace(name)
 
 
 def tuning_job(name: str, **spec: Any) -> dict[str, Any]:

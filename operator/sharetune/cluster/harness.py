@@ -282,18 +282,21 @@ class LocalCluster:
         except urllib.error.HTTPError as e:
             return e.code, e.read()
 
+    def _control_loop_flags(self, stem: str, port: str) -> list[str]:
+        """Identity, loopback serving and no leader election: shared by controller-manager and
+        scheduler (their kubeconfig also authenticates/authorizes /healthz callers)."""
+        kubeconfig = self.workdir / f"{stem}.kubeconfig"
+        return [f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}", "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports[port]}", f"--cert-dir={self.workdir / (stem + '-certs')}",
+                "--leader-elect=false"]
+
     def _start_controllers(self, deadline: float) -> None:
         assert self.pki is not None
         k = self.pki
-        wd = self.workdir
         cm = self._spawn("kube-controller-manager", [
             str(binaries.path_of("kube-controller-manager")),
-            f"--kubeconfig={wd / 'controller-manager.kubeconfig'}",
-            f"--authentication-kubeconfig={wd / 'controller-manager.kubeconfig'}",
-            f"--authorization-kubeconfig={wd / 'controller-manager.kubeconfig'}",
-            "--bind-address=127.0.0.1", f"--secure-port={self.ports['controller_manager']}",
-            f"--cert-dir={wd / 'controller-manager-certs'}",
-            "--leader-elect=false",
+            *self._control_loop_flags("controller-manager", "controller_manager"),
             "--controllers=*",  # garbage collector, job, deployment, replicaset, serviceaccount ...
             "--use-service-account-credentials=true",  # each loop with its bootstrap RBAC role
             f"--service-account-private-key-file={k.sa_private}",
@@ -303,12 +306,7 @@ class LocalCluster:
         ])
         sch = self._spawn("kube-scheduler", [
             str(binaries.path_of("kube-scheduler")),
-            f"--kubeconfig={wd / 'scheduler.kubeconfig'}",
-            f"--authentication-kubeconfig={wd / 'scheduler.kubeconfig'}",
-            f"--authorization-kubeconfig={wd / 'scheduler.kubeconfig'}",
-            "--bind-address=127.0.0.1", f"--secure-port={self.ports['scheduler']}",
-            f"--cert-dir={wd / 'scheduler-certs'}",
-            "--leader-elect=false", "--v=1",
+            *self._control_loop_flags("scheduler", "scheduler"), "--v=1",
         ])
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
