@@ -57,6 +57,20 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
     ]
 
 
+def st_estimate(step: dict, fallback: float) -> float:
+    """A sharetune cell's duration: the finished cell of the current code (the ones that record their
+    builder) with the same topology and the nearest share, plus a margin."""
+    argv = step["argv"]
+    key = (int(argv[argv.index("--clients") + 1]), int(argv[argv.index("--servers") + 1]))
+    pct = int(argv[argv.index("--pct") + 1])
+    done = [c for c in load_cells(CELLS).values() if c.get("mode") == "sharetune" and c.get("builder")
+            and (c.get("clients"), c.get("servers")) == key and c.get("wall_s")]
+    if not done:
+        return fallback
+    near = min(done, key=lambda c: (abs(c["thread_pct"] - pct), -c["wall_s"]))
+    return near["wall_s"] + 35
+
+
 def pending_eval(model: str) -> int:
     cells, done = load_cells(CELLS), load_cells(EVAL)
     return sum(1 for c in cells.values() if c.get("model") == model and f"eval-{c['id']}" not in done
@@ -93,7 +107,7 @@ def main() -> int:
                 continue
             est = step["est"]
             if step["id"].startswith("st-") and st_walls:
-                est = max(st_walls) + 40
+                est = st_estimate(step, max(st_walls) + 40)
         left = a.budget_s - (time.monotonic() - t0)
         if est > left:
             log(f"sweep: {step['id']} needs ~{est:.0f} s, {left:.0f} s left: stopping here")

@@ -108,6 +108,10 @@ def merge_and_report(spec: Any, shard_dirs: list[Path], out: Path) -> dict[str, 
         "tasks": sorted(tasks, key=lambda t: -(t["flops"] * t["weight"])),
         "merge_s": round(time.monotonic() - t0, 2),
     }
+    from .serving import report as serving_report  # the tuned model at each MPS serving share
+
+    summary.update(serving_report(spec.target, spec.uses_mps, tuned, [x, *[p.numpy() for p in model.params]],
+                                  out / "serving"))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     log.info("merged %d records; %.3f ms -> %.3f ms (%.2fx)", summary["records"],
              summary["latency_untuned_ms"], summary["latency_tuned_ms"], summary["speedup"])
