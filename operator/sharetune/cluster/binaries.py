@@ -35,6 +35,11 @@ HELM_VERSION = "3.22.0"
 # S3-compatible server for tests: gofakes3 (MIT) with its on-disk afero backend, so data survives
 # a server restart. MinIO is AGPL and not used. It does not verify request signatures.
 S3_SERVER_VERSION = "1.2.0"
+# Real-node stage only (built on demand): cluster DNS, a CRI client for teardown, the sandbox
+# ("pause") process of every pod.
+COREDNS_VERSION = "1.14.7"
+CRICTL_VERSION = "1.34.0"
+PAUSE_VERSION = "3.10-sharetune"
 
 # The staging modules k8s.io/kubernetes v1.35 replaces with ./staging/src/k8s.io/<name>.
 K8S_STAGING_MODULES = (
@@ -53,6 +58,7 @@ K8S_NODE_COMMANDS = ("kubelet", "kube-proxy")
 
 CONTROL_PLANE_BINARIES = ("etcd", *K8S_COMMANDS, "kwok", "helm")
 TEST_BINARIES = ("s3-server",)
+NODE_BINARIES = (*K8S_NODE_COMMANDS, "coredns", "crictl", "pause")
 ALL_BINARIES = (*CONTROL_PLANE_BINARIES, *TEST_BINARIES)
 
 
@@ -74,7 +80,8 @@ class Binary:
 def binary(name: str) -> Binary:
     if name in K8S_COMMANDS or name in K8S_NODE_COMMANDS:
         return Binary(name, K8S_VERSION)
-    versions = {"etcd": ETCD_VERSION, "kwok": KWOK_VERSION, "helm": HELM_VERSION, "s3-server": S3_SERVER_VERSION}
+    versions = {"etcd": ETCD_VERSION, "kwok": KWOK_VERSION, "helm": HELM_VERSION, "s3-server": S3_SERVER_VERSION,
+                "coredns": COREDNS_VERSION, "crictl": CRICTL_VERSION, "pause": PAUSE_VERSION}
     if name not in versions:
         raise KeyError(f"unknown binary {name!r}")
     return Binary(name, versions[name])
@@ -167,6 +174,41 @@ def _s3_wrapper(workdir: Path) -> None:
     (workdir / "main.go").write_text(_S3_MAIN)
 
 
+_PAUSE_MAIN = """package main
+
+// The sandbox process of every pod on the real node: holds the pod's namespaces, reaps orphans
+// (it is PID 1 with a shared process namespace) and exits on SIGINT/SIGTERM.
+import (
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)
+	for s := range sigs {
+		if s == syscall.SIGCHLD {
+			for {
+				var ws syscall.WaitStatus
+				pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+				if pid <= 0 || err != nil {
+					break
+				}
+			}
+			continue
+		}
+		os.Exit(0)
+	}
+}
+"""
+
+
+def _pause_wrapper(workdir: Path) -> None:
+    (workdir / "go.mod").write_text("module sharetune.local/pause\n\ngo 1.24\n")
+    (workdir / "main.go").write_text(_PAUSE_MAIN)
+
+
 def _install(dest: Path, built: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(".tmp")
@@ -197,7 +239,7 @@ def build(names: list[str]) -> dict[str, float]:
             _install(path_of(n), out)
             spent[n] = time.monotonic() - t0
     # Binaries whose wrapper module has its own main package.
-    for n, write_wrapper in (("etcd", _etcd_wrapper), ("s3-server", _s3_wrapper)):
+    for n, write_wrapper in (("etcd", _etcd_wrapper), ("s3-server", _s3_wrapper), ("pause", _pause_wrapper)):
         if n in names and not path_of(n).exists():
             t0 = time.monotonic()
             wd = work / f"{n}-{binary(n).version}"
@@ -210,6 +252,8 @@ def build(names: list[str]) -> dict[str, float]:
     simple = {
         "kwok": f"sigs.k8s.io/kwok/cmd/kwok@v{KWOK_VERSION}",
         "helm": f"helm.sh/helm/v3/cmd/helm@v{HELM_VERSION}",
+        "coredns": f"github.com/coredns/coredns@v{COREDNS_VERSION}",
+        "crictl": f"sigs.k8s.io/cri-tools/cmd/crictl@v{CRICTL_VERSION}",
     }
     for n, pkg in simple.items():
         if n in names and not path_of(n).exists():
@@ -234,10 +278,11 @@ def missing(names: tuple[str, ...] | list[str] = CONTROL_PLANE_BINARIES) -> list
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="sharetune-binaries", description=__doc__.splitlines()[0])
     p.add_argument("names", nargs="*", default=list(ALL_BINARIES))
-    p.add_argument("--node", action="store_true", help="also build kubelet and kube-proxy")
+    p.add_argument("--node", action="store_true",
+                   help="also build the real node's binaries (kubelet, kube-proxy, coredns, crictl, pause)")
     p.add_argument("--json", help="write per-binary build seconds to this file")
     a = p.parse_args(argv)
-    names = list(a.names) + (list(K8S_NODE_COMMANDS) if a.node else [])
+    names = list(a.names) + (list(NODE_BINARIES) if a.node else [])
     t0 = time.monotonic()
     spent = build(names)
     total = time.monotonic() - t0

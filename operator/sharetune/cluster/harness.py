@@ -109,8 +109,11 @@ class LocalCluster:
     """etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok on loopback."""
 
     def __init__(self, workdir: Path | None = None, nodes: list[FakeNode] | None = None,
-                 keep_workdir: bool = False) -> None:
+                 keep_workdir: bool = False, advertise_address: str | None = None) -> None:
         self._own_workdir = workdir is None
+        # Real node only (cluster/node.py): pods reach the API server through the `kubernetes`
+        # Service, so it listens on every address and advertises this (non-loopback) one.
+        self.advertise_address = advertise_address
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="sharetune-cluster-"))
         self.keep_workdir = keep_workdir
         self.nodes = nodes if nodes is not None else [FakeNode("kwok-gpu-0", gpus=1)]
@@ -253,7 +256,9 @@ class LocalCluster:
         p = self._spawn("kube-apiserver", [
             str(binaries.path_of("kube-apiserver")),
             f"--etcd-servers=http://127.0.0.1:{self.ports['etcd_client']}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--bind-address={'0.0.0.0' if self.advertise_address else '127.0.0.1'}",
+            f"--advertise-address={self.advertise_address or '127.0.0.1'}",
+            *(["--kubelet-preferred-address-types=InternalIP"] if self.advertise_address else []),
             f"--secure-port={self.ports['apiserver']}",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
             f"--tls-cert-file={k.apiserver.cert}", f"--tls-private-key-file={k.apiserver.key}",
