@@ -54,11 +54,15 @@ def login(**_: Any) -> kopf.ConnectionInfo:
     the kubernetes client reads $KUBECONFIG at import time, which breaks in-process tests)."""
     api()
     cfg = client.Configuration.get_default_copy()
-    token = (cfg.api_key or {}).get("authorization", "")
+    # In-cluster the client keeps "bearer <token>" under "BearerToken" (and refreshes it through
+    # get_api_key_with_prefix); kubeconfig tokens come as "Bearer <token>" under "authorization".
+    token = (cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization") or "")
+    if token.lower().startswith("bearer "):
+        token = token[len("bearer "):]
     return kopf.ConnectionInfo(
         server=cfg.host, ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
         certificate_path=cfg.cert_file, private_key_path=cfg.key_file,
-        scheme="Bearer" if token else None, token=token.removeprefix("Bearer ").strip() or None)
+        scheme="Bearer" if token.strip() else None, token=token.strip() or None)
 
 
 @kopf.on.startup()
