@@ -50,3 +50,17 @@ def stop_group(pid: int, grace_s: float = 10.0) -> None:
         os.waitpid(pid, 0)
     except ChildProcessError:
         pass
+
+
+def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Sends ``sig`` to the process group led by ``pid`` (fault injection: a crash, not a stop)
+    and reaps the leader if it is our child and died."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        return
+    if sig == signal.SIGKILL:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass

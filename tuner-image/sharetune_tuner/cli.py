@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--thread-percentage", type=int, default=None, help="default active thread percentage")
     m.add_argument("--pinned-memory-limit", default=None, help="default pinned device memory limit, e.g. 8G")
     m.add_argument("--control-binary", default="nvidia-cuda-mps-control")
+    m.add_argument("--gpu-check", action=argparse.BooleanOptionalAction, default=True,
+                   help="require a GPU through NVML before starting (off only for a stand-in control binary in tests)")
     _common(m)
 
     t = sub.add_parser("tracker", help="run the TVM RPC tracker")
@@ -155,7 +157,8 @@ def run(a: argparse.Namespace) -> int:
     if a.cmd == "mps-daemon":
         from .mps import MpsDaemon
 
-        d = MpsDaemon(a.pipe_dir, a.log_dir, a.thread_percentage, a.pinned_memory_limit, a.control_binary)
+        d = MpsDaemon(a.pipe_dir, a.log_dir, a.thread_percentage, a.pinned_memory_limit, a.control_binary,
+                      require_gpu=a.gpu_check)
         return _serve(a.metrics_port, d.health, d.run)
     if a.cmd == "client":
         return _client(a)
@@ -205,6 +208,7 @@ def _client(a: argparse.Namespace) -> int:
             if restored:
                 log.info("restored %d records of shard %d from %s", restored, a.shard, store.uri)
             sync.start()
+            cfg.on_round = sync.poke
         try:
             progress = run_client(cfg, model, target)
             if sync is not None:

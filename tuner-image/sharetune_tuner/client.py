@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from . import metrics, records
@@ -48,6 +49,9 @@ class ClientConfig:
     # One RPC session per runner worker, kept for the whole shard (runner.SessionRPCRunner), and
     # candidates linked by the builder. Needs `servers` <= this client's share of the servers.
     session_runner: bool = False
+    # Called after each search round, once its records are in the database (the sync uploads
+    # them right away instead of waiting for its next tick: a killed pod loses nothing measured).
+    on_round: Callable[[], None] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -143,6 +147,8 @@ def _make_progress_callback(cfg: ClientConfig, progress: Progress, task: TaskPro
             if prof is not None:
                 _export_phases(cfg, prof.get())
             progress.write(path)
+            if cfg.on_round is not None:
+                cfg.on_round()
 
     return ProgressCallback()
 

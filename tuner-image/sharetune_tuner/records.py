@@ -133,3 +133,19 @@ def merge(shard_dirs: list[Path], out_dir: Path, best_dir: Path | None = None) -
         counts["best_records"] = stats(best_dir).total
     counts["workloads"] = len(stats(out_dir).trials_by_workload)
     return counts
+
+
+def record_keys(db_dir: Path) -> Counter[tuple[str, str, tuple[str, ...]]]:
+    """Each record's identity independent of the database it sits in: (workload structural hash,
+    trace, run times to 6 significant digits). The merge re-keys workload indices and re-writes
+    the JSON, so this is what "the merged records contain every trial measured" compares."""
+    workloads, _ = _complete_lines(db_dir / WORKLOADS)
+    recs, _ = _complete_lines(db_dir / RECORDS)
+    hashes = [str(w[0]) for w in workloads]
+    keys: Counter[tuple[str, str, tuple[str, ...]]] = Counter()
+    for idx, body in recs:
+        if not 0 <= idx < len(hashes):
+            continue
+        secs = tuple(f"{float(x):.6g}" for x in (body[1] or [])) if len(body) > 1 else ()
+        keys[(hashes[idx], json.dumps(body[0], sort_keys=True), secs)] += 1
+    return keys

@@ -1,7 +1,7 @@
 """Keeps a shard's records and progress in the job's store while the client tunes.
 
-The local database is the working copy; every ``interval_s`` (and at exit) it is packed and put
-into the store, and the progress JSON into the shard's ConfigMap, where the operator reads it.
+The local database is the working copy; after every search round (``poke``), every
+``interval_s`` and at exit it is packed and put into the store, and the progress JSON into the shard's ConfigMap, where the operator reads it.
 A failed upload (store down) keeps the records on disk and is retried on the next tick: trials
 are never lost, only reported later. A restarted client pod restores its shard from the store
 before tuning, then resumes from those records.
@@ -33,6 +33,7 @@ class ShardSync:
         self.name = f"shard-{shard}"
         self._last: str | None = None
         self._stop = threading.Event()
+        self._poked = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="shard-sync", daemon=True)
         self.uploads = 0
         self.failures = 0
@@ -83,8 +84,17 @@ class ShardSync:
         self.uploads += 1
         return True
 
+    def poke(self) -> None:
+        """New records are in the database: upload them now (from the sync thread, so a slow or
+        down store never stalls tuning)."""
+        self._poked.set()
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._stop.is_set():
+            self._poked.wait(self.interval_s)
+            self._poked.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.sync()
             except TunerError as e:
@@ -97,6 +107,7 @@ class ShardSync:
     def fail(self, message: str) -> None:
         """Reports a failed shard (progress only: small enough to always fit) and stops syncing."""
         self._stop.set()
+        self._poked.set()
         path = self.work_dir / PROGRESS
         try:
             progress = json.loads(path.read_text()) if path.exists() else {"shard": self.shard}
@@ -114,6 +125,7 @@ class ShardSync:
     def stop(self, deadline_s: float = 300.0) -> None:
         """Final upload, retried until ``deadline_s``: the client only exits 0 once stored."""
         self._stop.set()
+        self._poked.set()
         self._thread.join(timeout=self.interval_s + 5)
         end = time.monotonic() + deadline_s
         delay = 1.0

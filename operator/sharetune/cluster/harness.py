@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..procs import free_port, pid_alive, stop_group
+from ..procs import free_port, kill_group, pid_alive, stop_group
 from . import binaries
 from .pki import ClusterPKI, generate
 
@@ -174,6 +174,22 @@ class LocalCluster:
         self.processes.clear()
         if self._own_workdir and not self.keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def restart(self, name: str, down_s: float = 0.0, timeout_s: float = 60.0) -> float:
+        """Kills one component (e.g. "kube-apiserver", "etcd") by its process group, keeps it down
+        for ``down_s``, starts it again with the same flags, ports and data, and waits until the
+        API server answers /readyz again. Returns the seconds from the kill to ready (fault tests)."""
+        proc = next(p for p in self.processes if p.name == name)
+        t0 = time.monotonic()
+        if proc.pid is not None:
+            kill_group(proc.pid)
+        time.sleep(down_s)
+        proc.start()
+
+        def ready() -> bool:
+            return self._raw_get("/readyz")[0] == 200
+        self._wait(f"{name} back and /readyz", ready, time.monotonic() + timeout_s, [proc])
+        return time.monotonic() - t0
 
     def __enter__(self) -> "LocalCluster":
         return self.start()

@@ -25,7 +25,8 @@ from kubernetes import client, config
 from ..planner import DEFAULT_IMAGE, JobRef, names, plan, plan_merge, result_location, shard_object
 from ..spec import API_GROUP, API_VERSION, SpecError, TuningJobSpec, parse_spec
 from . import kube, metrics
-from .status import FAILED, FINAL, MERGING, PENDING, RUNNING, SUCCEEDED, Observed, ShardView, condition, next_phase, now, progress_fields
+from .status import (FAILED, FINAL, MERGING, PENDING, RUNNING, SUCCEEDED, Observed, ShardView, condition, mps_recovery,
+                     next_phase, now, progress_fields)
 
 PLURAL = "tuningjobs"
 log = logging.getLogger("sharetune.operator")
@@ -217,7 +218,35 @@ def observe(job: JobRef, s: TuningJobSpec, snap: Snapshot) -> Observed:
         for c in (pod.status.conditions or []) if pod and pod.status else []:
             if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
                 obs.daemon_unschedulable = c.message
+        if pod is not None:
+            phase = pod.status.phase if pod.status else None
+            ended = phase in ("Failed", "Succeeded") or pod.metadata.deletion_timestamp is not None
+            obs.daemon_state = "failed" if ended else ("running" if phase == "Running" else "pending")
+            obs.daemon_restarts = sum(c.restart_count or 0 for c in (pod.status.container_statuses or []))
     return obs
+
+
+def recover_mps_daemon(body: dict[str, Any], job: JobRef, s: TuningJobSpec, obs: Observed, patch: kopf.Patch) -> None:
+    status = body.get("status") or {}
+    seen = int(status.get("mpsDaemonRestarts", 0))
+    recreate, restart_servers = mps_recovery(obs, status.get("phase"), seen)
+    n = names(job.name)
+    if recreate:
+        core = client.CoreV1Api(api())
+        if obs.daemon_state == "failed":
+            kube.read_or_none(core.delete_namespaced_pod, n["mps"], job.namespace)
+        daemon = next(o for o in plan(job, s, image()) if o["kind"] == "Pod")
+        if not kube.create(api(), daemon):
+            return  # the old pod is still being deleted: try again next tick
+        metrics.CHILDREN.labels("Pod").inc()
+    if restart_servers:
+        kube.restart_deployment(api(), job.namespace, n["servers"])
+        # Restarts of the current daemon pod already answered (a new pod starts from 0).
+        patch.status["mpsDaemonRestarts"] = 0 if recreate else obs.daemon_restarts
+        patch.status["mpsRecoveries"] = int(status.get("mpsRecoveries", 0)) + 1
+        event(body, "Warning", "MpsDaemonRestarted",
+              "MPS control daemon " + ("replaced" if recreate else "restarted in place")
+              + "; tuning servers restarted against it")
 
 
 # Status is refreshed by one operator-wide loop rather than a kopf timer per job: kopf puts a
@@ -294,6 +323,8 @@ def reconcile_status(body: dict[str, Any], patch: kopf.Patch, snap: Snapshot) ->
         return
     job = JobRef(name, namespace, meta["uid"])
     obs = observe(job, s, snap)
+    if s.uses_mps:
+        recover_mps_daemon(body, job, s, obs, patch)
     if obs.clients_succeeded >= s.shards and not obs.merge_exists and not obs.clients_failed:
         if kube.create(api(), plan_merge(job, s, image())):
             metrics.CHILDREN.labels("Job").inc()

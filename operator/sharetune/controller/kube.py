@@ -38,6 +38,14 @@ def scale_servers(api: client.ApiClient, namespace: str, name: str, replicas: in
     client.AppsV1Api(api).patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
 
 
+def restart_deployment(api: client.ApiClient, namespace: str, name: str) -> None:
+    """What `kubectl rollout restart` does: a new template annotation rolls every pod."""
+    from .status import now
+
+    client.AppsV1Api(api).patch_namespaced_deployment(name, namespace, {"spec": {"template": {"metadata": {
+        "annotations": {"sharetune.io/restartedAt": now()}}}}})
+
+
 def read_or_none(fn: Any, *args: Any) -> Any:
     try:
         return fn(*args)

@@ -72,6 +72,21 @@ class Observed:
     merge_message: str = ""
     summary: dict[str, Any] | None = None
     daemon_unschedulable: str | None = None  # the scheduler's message
+    daemon_state: str = "absent"  # "absent" | "running" | "failed" (pod ended or deleted) | "pending"
+    daemon_restarts: int = 0  # container restarts the kubelet did in place
+
+
+def mps_recovery(obs: Observed, phase: str | None, seen_restarts: int) -> tuple[bool, bool]:
+    """What an MPS daemon fault needs: (recreate the daemon pod, restart the servers).
+
+    The servers' CUDA contexts live inside the daemon's MPS server: when the daemon dies, in-place
+    (kubelet restart) or for good (pod failed, evicted or deleted), every server is left with a
+    dead context and must be restarted against the new daemon. A bare Pod is not recreated by
+    anyone else, so a failed or missing one is the operator's to replace."""
+    if phase not in (PENDING, RUNNING):
+        return False, False
+    recreate = obs.daemon_state in ("absent", "failed")
+    return recreate, recreate or obs.daemon_restarts > seen_restarts
 
 
 def progress_fields(obs: Observed, started: str | None) -> dict[str, Any]:

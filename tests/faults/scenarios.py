@@ -1,0 +1,282 @@
+"""Fault scenarios: a real TuningJob, mid-tuning, hit by one fault; then did it finish, and is
+every record that had been measured in its merged result?
+
+Real parts: the local control plane (etcd, kube-apiserver, controllers, scheduler, kwok), the
+operator as its own process (`sharetune operator`), the S3 server, and the tuner processes
+(tracker, servers, clients, merge) run from the pods' own args by :class:`ProcessKubelet`.
+Shared by ``tests/faults/test_faults.py`` (asserts) and ``bench/fault_matrix.py`` (the table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from kubernetes import client
+
+from sharetune.procs import kill_group, stop_group
+
+from .podsim import ProcessKubelet
+
+GROUP, VERSION, PLURAL = "sharetune.io", "v1alpha1", "tuningjobs"
+FAULTS = ("operator_killed", "client_killed", "server_killed", "tracker_killed", "mps_daemon_killed",
+          "apiserver_restarted", "etcd_restarted", "s3_down_60s")
+TOTAL_TRIALS = 16
+
+
+@dataclass
+class FaultRow:
+    fault: str
+    job_succeeded: bool
+    records_lost: int
+    trials_redone: int
+    recovery_s: float | None
+    records_before_fault: int
+    records_in_result: int
+    duplicated_children: list[str]
+    phase: str
+    reason: str
+    wall_s: float
+    notes: str = ""
+
+
+class OperatorProcess:
+    """`sharetune operator` as a process of its own, so it can be SIGKILLed like a crashed pod."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+        self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "SHARETUNE_STATUS_INTERVAL": "1"}
+        with open(self.log, "ab") as out:
+            self.popen = subprocess.Popen([sys.executable, "-m", "sharetune.cli", "operator", "--namespace",
+                                           self.namespace, "--metrics-port", "-1", "--liveness-port", "-1"],
+                                          stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.starts += 1
+
+    def kill(self) -> None:
+        assert self.popen is not None
+        kill_group(self.popen.pid, signal.SIGKILL)
+        self.popen = None
+
+    def stop(self) -> None:
+        if self.popen is not None:
+            stop_group(self.popen.pid, grace_s=5)
+            self.popen = None
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+
+@dataclass
+class FaultEnv:
+    cluster: Any  # sharetune.cluster.harness.LocalCluster
+    k8s: Any
+    s3: Any  # sharetune.cluster.s3.LocalS3
+    tmp: Path
+    log: Callable[[str], None] = print
+
+
+def job_body(name: str, fault: str, s3_endpoint: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"model": {"name": "tiny_cnn", "inputShape": [1, 3, 64, 64]}, "target": "llvm",
+                            "trials": {"total": TOTAL_TRIALS, "perTask": 4, "perIteration": 2},
+                            "servers": {"replicas": 2}, "clients": {"shards": 2, "builderWorkers": 1}}
+    if fault == "mps_daemon_killed":
+        spec.update(target="cuda", mps=True)
+    if s3_endpoint:
+        spec["output"] = {"s3": {"endpoint": s3_endpoint, "bucket": "faults", "prefix": "runs",
+                                 "credentialsSecret": {"name": "s3-creds"}}}
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TuningJob", "metadata": {"name": name}, "spec": spec}
+
+
+def _job(k8s: Any, ns: str, name: str) -> dict[str, Any]:
+    return client.CustomObjectsApi(k8s).get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+
+
+def _try(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Exception:
+        return None
+
+
+def measured_records(sim: ProcessKubelet) -> Counter[Any]:
+    """Every record any client pod has in its database right now (what was measured)."""
+    from sharetune_tuner.records import record_keys
+
+    keys: Counter[Any] = Counter()
+    for p in sim.history:
+        if p.component == "client":
+            keys |= record_keys(p.work / "emptydir" / "work" / "shard")  # | : a restored copy is not a new trial
+    return keys
+
+
+def _restored(log: Path) -> int:
+    import re
+
+    text = log.read_text(errors="replace") if log.exists() else ""
+    m = re.search(r"restored (\d+) records", text)
+    return int(m.group(1)) if m else 0
+
+
+def _measured_total(sim: ProcessKubelet) -> int:
+    from sharetune_tuner.records import stats
+
+    total = 0
+    for p in sim.history:
+        if p.component == "client":
+            total += stats(p.work / "emptydir" / "work" / "shard").total - _restored(p.log)
+    return total
+
+
+def children_report(k8s: Any, ns: str, job: str) -> list[str]:
+    """Children that exist more than once (or that the plan does not have): should be empty."""
+    sel = f"sharetune.io/job={job}"
+    core, apps, batch = client.CoreV1Api(k8s), client.AppsV1Api(k8s), client.BatchV1Api(k8s)
+    bad = []
+    deps = [d.metadata.name for d in apps.list_namespaced_deployment(ns, label_selector=sel).items]
+    jobs = [j.metadata.name for j in batch.list_namespaced_job(ns, label_selector=sel).items]
+    svcs = [s.metadata.name for s in core.list_namespaced_service(ns, label_selector=sel).items]
+    for kind, names, want in (("Deployment", deps, {f"{job}-tracker", f"{job}-servers"}),
+                              ("Job", jobs, {f"{job}-clients", f"{job}-merge"}), ("Service", svcs, {f"{job}-tracker"})):
+        if len(names) != len(set(names)) or set(names) - want:
+            bad.append(f"{kind}: {sorted(names)}")
+    daemons = [p for p in core.list_namespaced_pod(ns, label_selector=sel + ",app.kubernetes.io/component=mps-daemon").items
+               if p.metadata.deletion_timestamp is None]
+    if len(daemons) > 1:
+        bad.append(f"MPS daemon pods: {[p.metadata.name for p in daemons]}")
+    # No more live server/tracker pods than asked for (a second ReplicaSet left running, say).
+    for comp, want_n in (("server", 2), ("tracker", 1)):
+        live = [p for p in core.list_namespaced_pod(ns, label_selector=sel + f",app.kubernetes.io/component={comp}").items
+                if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
+        if len(live) > want_n:
+            bad.append(f"{comp} pods running: {len(live)} > {want_n}")
+    return bad
+
+
+def run_fault(env: FaultEnv, fault: str, timeout_s: float = 900.0) -> FaultRow:
+    assert fault in FAULTS, fault
+    k8s, core = env.k8s, client.CoreV1Api(env.k8s)
+    ns = f"f-{fault.replace('_', '-')[:20]}-{uuid.uuid4().hex[:5]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    work = env.tmp / ns
+    work.mkdir(parents=True)
+    use_s3 = fault == "s3_down_60s"
+    extra_env: dict[str, str] = {}
+    if use_s3:
+        core.create_namespaced_secret(ns, client.V1Secret(metadata=client.V1ObjectMeta(name="s3-creds"), string_data={
+            "AWS_ACCESS_KEY_ID": "sharetune", "AWS_SECRET_ACCESS_KEY": "fault-test-secret"}))
+    op = OperatorProcess(env.cluster.kubeconfig, ns, work / "operator.log")
+    sim = ProcessKubelet(k8s, ns, env.cluster.server, env.cluster.pki.ca.cert, workdir=work / "pods",
+                         cpu_for_gpu=fault == "mps_daemon_killed", extra_env=extra_env)
+    t_start = time.monotonic()
+    name = "ft"
+    notes = ""
+    op.start()
+    sim.start()
+    try:
+        client.CustomObjectsApi(k8s).create_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, job_body(name, fault, env.s3.endpoint if use_s3 else None))
+        # Mid-tuning: some trials done, most still owed.
+        _wait(env, "trials under way", lambda: (_try(lambda: _job(k8s, ns, name)) or {}).get("status", {})
+              .get("trialsCompleted", 0) >= 4, 420)
+        before = measured_records(sim)
+        done_at_fault = _job(k8s, ns, name)["status"]["trialsCompleted"]
+        t_fault = time.monotonic()
+        env.log(f"[{fault}] injecting with {sum(before.values())} records measured")
+        if fault == "operator_killed":
+            op.kill()
+            time.sleep(3)
+            op.start()
+        elif fault == "client_killed":
+            sim.kill("client", 0)
+        elif fault == "server_killed":
+            sim.kill("server", 0)
+        elif fault == "tracker_killed":
+            sim.kill("tracker", 0)
+        elif fault == "mps_daemon_killed":
+            sim.kill("mps-daemon", 0)
+        elif fault == "apiserver_restarted":
+            env.cluster.restart("kube-apiserver", down_s=5)
+        elif fault == "etcd_restarted":
+            env.cluster.restart("etcd", down_s=5)
+        elif fault == "s3_down_60s":
+            env.s3.stop()
+            time.sleep(60)
+            env.s3.start()
+        # Recovered = the job moves on again: more trials in its status than at the fault, or a
+        # later phase.
+        def moving() -> bool:
+            st = (_try(lambda: _job(k8s, ns, name)) or {}).get("status", {})
+            return st.get("trialsCompleted", 0) > done_at_fault or st.get("phase") in ("Merging", "Succeeded")
+        _wait(env, "progress after the fault", moving, timeout_s)
+        recovery_s = time.monotonic() - t_fault
+        if fault == "mps_daemon_killed":
+            st = _wait(env, "MPS recovery in status", lambda: (s := _job(k8s, ns, name)["status"]).get("mpsRecoveries")
+                       and s, 120)
+            notes = f"mpsRecoveries={st['mpsRecoveries']} (GPU mocked: cuda job run on CPU, stand-in MPS control binary)"
+        final = _wait(env, "Succeeded or Failed", lambda: (s := _job(k8s, ns, name)["status"]).get("phase")
+                      in ("Succeeded", "Failed") and s, timeout_s)
+        result_keys = _result_keys(env, ns, name, use_s3, work)
+        lost = before - result_keys
+        in_result = sum(result_keys.values())
+        reason = next((c.get("reason", "") for c in final.get("conditions", []) if c.get("type") == "Ready"), "")
+        row = FaultRow(fault=fault, job_succeeded=final["phase"] == "Succeeded", records_lost=sum(lost.values()),
+                       trials_redone=max(0, _measured_total(sim) - in_result), recovery_s=round(recovery_s, 1),
+                       records_before_fault=sum(before.values()), records_in_result=in_result,
+                       duplicated_children=children_report(k8s, ns, name), phase=final["phase"], reason=reason,
+                       wall_s=round(time.monotonic() - t_start, 1), notes=notes)
+        if op.popen is None or not op.alive():
+            row.notes += " operator process not alive at the end"
+        return row
+    finally:
+        sim.stop()
+        op.stop()
+        _try(lambda: core.delete_namespace(ns))
+
+
+def _result_keys(env: FaultEnv, ns: str, name: str, use_s3: bool, work: Path) -> Counter[Any]:
+    from sharetune_tuner.records import record_keys
+    from sharetune_tuner.store import open_store, unpack
+
+    if use_s3:
+        os.environ.update(AWS_ACCESS_KEY_ID="sharetune", AWS_SECRET_ACCESS_KEY="fault-test-secret",
+                          SHARETUNE_S3_ENDPOINT=env.s3.endpoint, AWS_DEFAULT_REGION="us-east-1")
+        uri = f"s3://faults/runs/{ns}/{name}"
+    else:
+        os.environ["KUBECONFIG"] = str(env.cluster.kubeconfig)
+        uri = f"configmap://{ns}/{name}"
+    data = open_store(uri).get("result")
+    if data is None:
+        return Counter()
+    unpack(data, work / "result")
+    return record_keys(work / "result" / "records")
+
+
+def _wait(env: FaultEnv, what: str, fn: Callable[[], Any], timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = _try(fn)
+        if v:
+            return v
+        time.sleep(0.5)
+    raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def as_json(rows: list[FaultRow]) -> list[dict[str, Any]]:
+    return [asdict(r) for r in rows]
+
+
+def dump(rows: list[FaultRow], path: Path, meta: dict[str, Any]) -> None:
+    path.write_text(json.dumps({**meta, "rows": as_json(rows)}, indent=1) + "\n")
