@@ -52,7 +52,17 @@ def pack(directory: Path, names: list[str] | None = None) -> bytes:
 def unpack(data: bytes, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        tar.extractall(directory, filter="data")  # refuses absolute paths and ../ escapes
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(directory, filter="data")  # refuses absolute paths and ../ escapes
+            return
+        # Python without extraction filters (Debian bookworm's 3.11.2, the images' Python): the
+        # same refusal by hand, regular files and directories only.
+        top = directory.resolve()
+        for m in tar.getmembers():
+            dest = (top / m.name).resolve()
+            if m.name.startswith("/") or not (dest == top or top in dest.parents) or not (m.isfile() or m.isdir()):
+                raise StoreError(f"refusing to unpack {m.name!r}")
+        tar.extractall(directory)
 
 
 def _kube_core():  # type: ignore[no-untyped-def]
