@@ -154,22 +154,31 @@ def main() -> int:
             "32-per-candidate population made search the largest per-trial cost; now 8 per candidate.",
             "GPU utilisation stays at 2-4% in every configuration: the GPU is idle; tuning is CPU-bound "
             "(search and NVRTC), so MPS shares do not limit throughput.",
-            "Tuning at a 10% MPS share picks schedules that are faster at 10% and slower at 100% (see the "
-            "quality matrix); kernel latencies measured at 10% rank candidates differently from 100%.",
+            "Search noise dominates tuned quality at 16 trials per task: the same configuration with seed 1 "
+            "instead of 0 ends at 3.00 vs 2.12 ms (P=50) and 3.23 vs 2.38 ms (P=10) end to end; "
+            "st-r18-m6n6p10-s1 is no faster than the untuned model (3.21 ms). Differences between "
+            "configurations below ~40% are within that spread.",
+            "Tuning at a 10% MPS share gives schedules that lose less when served at 10%: the tuned model's "
+            "latency at P_s=10 over its own latency at P_s=100 is 1.34-1.47 for all four P_t=10 runs against "
+            "1.66-1.91 for all four P_t=100 runs (baseline included); at P_s >= 50 every run is within 5% of "
+            "its own 100% latency (h200-quality-matrix.json 'shape').",
             "Isolated kernel timings (how both arms rank candidates) do not predict in-model latency here: "
             "st-r18-m6n6p100's 6 tuned kernels sum to 895 us in isolation against the baseline's 971 us, yet "
             "its model is 245 us slower end to end, with only those 6 kernels differing (checked by compiling "
             "both). The kernel proxy is therefore reported, labelled, and not used for the headline metric.",
         ],
         "not_done": [
-            "ResNet-50: not run (device time).",
-            "Sweep reduced to M=N=6 with P in {10, 100} (plus a population ablation); the planned (3,3,25), "
-            "(2,2,50), (1,1,100), (2,2,75), (3,6,25) cells (bench/h200/sweep.py) were not run.",
-            "The two P=10 sharetune runs used the earlier builder (default_build with the tensor_intrin import) "
-            "and, for st-r18-m6n6p10, the 32-per-candidate population; only st-r18-m6n6p100 ran the final code.",
+            "ResNet-50: not run (device time: a stock baseline cell alone takes ~6 min for ResNet-18).",
+            "Topologies measured: M=N=6 at P in {10, 25, 50, 75, 100}, M=N=3 at 100, M=6/N=12 at 100; no "
+            "M != N cells at shares below 100.",
+            "st-r18-m6n6p10 and st-r18-m6n6p10-pop8 used the earlier builder (default_build with the "
+            "tensor_intrin import; st-r18-m6n6p10 also the 32-per-candidate population); every other sharetune "
+            "cell ran the final code.",
             "End-to-end latency measured only for the final models, not at intermediate times.",
-            "st-r18-m6n6p100 wrote 88 of 96 budgeted trials (one shard's search returned fewer candidates).",
-            "One run per configuration, seed 0: no variance estimate.",
+            "Several sharetune runs wrote 80 or 88 of 96 budgeted trials (a shard's search returned fewer "
+            "candidates than its budget); trials_per_s counts records written.",
+            "Seeds: 0 everywhere, plus seed 1 for P=50 and P=10 (st-r18-m6n6p50-s1, st-r18-m6n6p10-s1); the "
+            "baseline ran once.",
         ],
     }
     (RESULTS / "h200-tuning.json").write_text(json.dumps(out, indent=2))
@@ -198,26 +207,76 @@ def main() -> int:
         return {"per_run": res, "recommended_run": rec[0], "recommended_tuning_pct": rec[1]["tuned_at_pct"],
                 "worst_case_slowdown": rec[1]["worst_case_slowdown"]}
 
+    st_rows = [r for r in rows if r["mode"] == "sharetune"]
     qm = {
         "what": "ResNet-18 tuned (6 heaviest tasks x 16 trials) at tuning share P_t, served at share P_s: "
                 "end-to-end latency (ms, median) of the whole model in a process with "
                 "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=P_s under one MPS daemon, nothing else on the GPU.",
-        "reduced": "P_t measured: 10 (two sharetune runs) and 100 (the stock baseline, no MPS; sharetune with 6 "
-                   "servers at 100% under MPS). P_t in {25, 50, 75} not run (device time). Rows also differ in "
-                   "search settings (see h200-tuning.json), so P_t is not the only variable.",
+        "reduced": "P_t measured: 10 (four sharetune runs: two with the earlier builder, seeds 0 and 1 with "
+                   "the final code), 25, 50 (seeds 0 and 1), 75, 100 (three sharetune topologies, plus the "
+                   "stock baseline without MPS). One run per cell otherwise.",
         "serve_pcts": serve,
         "rows": rows,
         "untuned_ms_by_serve_pct": {k: (v or {}).get("median_ms") for k, v in untuned.items()},
         "slowdown": "latency / the fastest row at the same P_s",
         "all_runs": slowdowns(rows) if rows else None,
-        "sharetune_runs_only": slowdowns([r for r in rows if r["mode"] == "sharetune"]) if rows else None,
+        "sharetune_runs_only": slowdowns(st_rows) if rows else None,
+        "by_tuning_pct": by_tuning_pct(st_rows, serve, shape=False),
+        "shape": by_tuning_pct(st_rows, serve, shape=True),
+    }
+    qm["noise"] = ("seed 0 vs seed 1 at the same configuration: P_t=50 2.12 vs 3.00 ms, P_t=10 2.38 vs 3.23 ms "
+                   "at 100% (no MPS). The absolute level of a run is search luck at this budget, larger than any "
+                   "P_t effect in 'by_tuning_pct' (its P_t=75 row is one seed-0 run). 'shape' divides each run by "
+                   "its own latency at P_s=100, which removes the level and keeps how the schedules tolerate a "
+                   "smaller share: the effect that is consistent across runs.")
+    qm["recommended"] = {
+        "from": "shape",
+        "recommended_tuning_pct": qm["shape"]["recommended_tuning_pct"],
+        "worst_case_slowdown": qm["shape"]["worst_case_slowdown"],
+        "tuning_pct_by_serving_pct": qm["shape"]["best_tuning_pct_by_serve_pct"],
+        "raw_rule_on_by_tuning_pct": {k: qm["by_tuning_pct"][k] for k in
+                                      ("recommended_tuning_pct", "worst_case_slowdown")},
+        "used_by": "operator/sharetune/serving.py (spec.servers.servingPercentage)",
     }
     (RESULTS / "h200-quality-matrix.json").write_text(json.dumps(qm, indent=2))
     _plot(configs, ev, weights, base, qm)
     print(json.dumps({"best": best["id"], "throughput_ratio": best["throughput_ratio"],
                       "latency_ratio": best.get("latency_ratio"), "time_to_quality_ratio": best.get("time_to_quality_ratio"),
-                      "recommended_tuning_pct": qm["all_runs"] and qm["all_runs"]["recommended_tuning_pct"]}, indent=1))
+                      "recommended": qm["recommended"]}, indent=1))
     return 0
+
+
+def by_tuning_pct(rows: list[dict[str, Any]], serve: list[int], shape: bool) -> dict[str, Any]:
+    """Rows grouped by tuning share P_t (geometric mean over a group's runs) and the slowdown rule
+    on them: slowdown(P_t, P_s) = value / the smallest value at P_s; recommended = the P_t with the
+    smallest worst case over P_s. ``shape``: each run's latency over its own latency at P_s=100 first."""
+    import math
+
+    groups: dict[int, list[dict[str, float]]] = {}
+    for r in rows:
+        lat = r["latency_ms_by_serve_pct"]
+        ref = lat[str(max(serve))] if shape else 1.0
+        groups.setdefault(r["tuned_at_pct"], []).append({str(s): lat[str(s)] / ref for s in serve})
+    if not groups:
+        return {}
+    val = {pt: {str(s): math.exp(sum(math.log(g[str(s)]) for g in gs) / len(gs)) for s in serve}
+           for pt, gs in sorted(groups.items())}
+    low = {str(s): min(v[str(s)] for v in val.values()) for s in serve}
+    sd = {pt: {str(s): round(v[str(s)] / low[str(s)], 4) for s in serve} for pt, v in val.items()}
+    worst = {pt: max(x.values()) for pt, x in sd.items()}
+    rec = min(worst, key=lambda pt: (worst[pt], pt))
+    # per serving share: the P_t with the smallest slowdown there; within 0.5% the one nearest P_s
+    best_at = {}
+    for s in serve:
+        tied = [pt for pt in sd if sd[pt][str(s)] <= 1.005]
+        best_at[str(s)] = min(tied, key=lambda pt: (abs(pt - s), pt))
+    return {"runs_by_tuning_pct": {str(pt): len(gs) for pt, gs in sorted(groups.items())},
+            ("relative_latency_by_serve_pct" if shape else "latency_ms_by_serve_pct"):
+                {str(pt): {k: round(x, 4) for k, x in v.items()} for pt, v in val.items()},
+            "slowdown_by_serve_pct": {str(pt): x for pt, x in sd.items()},
+            "worst_case_slowdown_by_tuning_pct": {str(pt): w for pt, w in worst.items()},
+            "recommended_tuning_pct": rec, "worst_case_slowdown": worst[rec],
+            "best_tuning_pct_by_serve_pct": best_at}
 
 
 def _plot(configs: list[dict[str, Any]], ev: dict[str, Any], weights: dict[str, int], base: dict[str, Any],
