@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from .serving import tuning_pct_for
+
 API_GROUP = "sharetune.io"
 API_VERSION = "v1alpha1"
 KIND = "TuningJob"
@@ -54,6 +56,9 @@ class ServerSpec:
     replicas: int = 2
     thread_percentage: int = 100
     pinned_memory_limit: str | None = None  # e.g. "4G": CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4G
+    # the share the tuned model will be served at; without an explicit threadPercentage it picks
+    # the tuning share (sharetune.serving's measured table)
+    serving_percentage: int | None = None
 
 
 @dataclass(frozen=True)
@@ -161,10 +166,18 @@ def parse_spec(name: str, spec: dict[str, Any]) -> TuningJobSpec:
     pinned = _get(s, "pinnedMemoryLimit", str, None, "spec.servers")
     if pinned is not None and not _QUANTITY.match(pinned):
         raise SpecError(f"spec.servers.pinnedMemoryLimit: {pinned!r} is not a size like 4G or 512M")
+    serving = _get(s, "servingPercentage", int, None, "spec.servers")
+    if serving is not None:
+        serving = _int_in(s, "servingPercentage", 100, 1, 100, "spec.servers")
+    if s.get("threadPercentage") is None and serving is not None:
+        thread_pct = tuning_pct_for(serving)
+    else:
+        thread_pct = _int_in(s, "threadPercentage", 100, 1, 100, "spec.servers")
     servers = ServerSpec(
         replicas=_int_in(s, "replicas", 2, 1, 64, "spec.servers"),
-        thread_percentage=_int_in(s, "threadPercentage", 100, 1, 100, "spec.servers"),
+        thread_percentage=thread_pct,
         pinned_memory_limit=pinned,
+        serving_percentage=serving,
     )
     c = _dict(spec, "clients", "spec")
     g = _dict(spec, "gpuSharing", "spec")
