@@ -97,6 +97,10 @@ def _print_summary(console: Console, s: dict[str, Any], workdir: Path) -> None:
     console.print(f"end-to-end latency: untuned {s['latency_untuned_ms']:.3f} ms -> tuned "
                   f"{s['latency_tuned_ms']:.3f} ms ([bold green]{s['speedup']:.2f}x[/bold green]); "
                   f"{s['records']} trials in {s['tuning_s']}s ({s['trials_per_s']} trials/s)")
+    by_pct = s.get("latency_ms_by_serving_pct")
+    if by_pct:
+        console.print("tuned latency by MPS serving share: " + ", ".join(
+            f"{k}% {'-' if v is None else f'{v:.3f} ms'}" for k, v in by_pct.items()))
     console.print(f"records: {workdir}/result/records (all), {workdir}/result/best (best per task); "
                   f"summary: {workdir}/result/summary.json")
 
