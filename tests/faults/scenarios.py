@@ -47,6 +47,7 @@ class FaultRow:
     reason: str
     wall_s: float
     notes: str = ""
+    secret_leaks: list[str] = field(default_factory=list)  # places the S3 secret key showed up in
 
 
 class OperatorProcess:
@@ -237,6 +238,9 @@ def run_fault(env: FaultEnv, fault: str, timeout_s: float = 900.0) -> FaultRow:
                        records_before_fault=sum(before.values()), records_in_result=in_result,
                        duplicated_children=children_report(k8s, ns, name), phase=final["phase"], reason=reason,
                        wall_s=round(time.monotonic() - t_start, 1), notes=notes)
+        if use_s3:
+            row.secret_leaks = _leaks(k8s, ns, name, [*(p.log for p in sim.history), op.log], work / "result",
+                                      "fault-test-secret")
         if op.popen is None or not op.alive():
             row.notes += " operator process not alive at the end"
         return row
@@ -244,6 +248,18 @@ def run_fault(env: FaultEnv, fault: str, timeout_s: float = 900.0) -> FaultRow:
         sim.stop()
         op.stop()
         _try(lambda: core.delete_namespace(ns))
+
+
+def _leaks(k8s: Any, ns: str, name: str, logs: list[Path], result: Path, secret: str) -> list[str]:
+    """Where the secret appears: pod and operator logs, the result store's files, the job's
+    status and events (it must appear nowhere)."""
+    found = [str(p) for p in logs if p.exists() and secret in p.read_text(errors="replace")]
+    found += [str(p) for p in result.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    if secret in json.dumps(_job(k8s, ns, name)):
+        found.append("TuningJob")
+    events = client.CoreV1Api(k8s).list_namespaced_event(ns).items
+    found += [f"event {e.reason}" for e in events if secret in (e.message or "")]
+    return found
 
 
 def _result_keys(env: FaultEnv, ns: str, name: str, use_s3: bool, work: Path) -> Counter[Any]:

@@ -61,5 +61,6 @@ def test_job_survives_fault_without_losing_records(fault_env: FaultEnv, fault: s
     assert row.records_lost == 0, row
     assert row.records_in_result >= 16, row  # the whole budget is in the result
     assert row.duplicated_children == [], row
+    assert row.secret_leaks == [], row.secret_leaks
     if fault == "mps_daemon_killed":
         assert "mpsRecoveries=" in row.notes

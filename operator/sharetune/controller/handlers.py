@@ -136,10 +136,30 @@ def ensure_children(body: Any, name: str, namespace: str, uid: str, spec: Any, s
         return
     job = JobRef(name, namespace, uid)
     created = 0
-    for obj in plan(job, s, image()):
-        if kube.create(api(), obj):
-            created += 1
-            metrics.CHILDREN.labels(obj["kind"]).inc()
+    try:
+        objs = plan(job, s, image())
+    except Exception as e:  # a spec the parser let through but the planner cannot use: fail, don't loop
+        log.exception("planning %s/%s", namespace, name)
+        metrics.ERRORS.labels("create", "PlanError").inc()
+        _set_phase(body, patch, FAILED, "InvalidSpec", f"cannot plan this job: {type(e).__name__}: {e}",
+                   meta.get("generation"), dict(status))
+        return
+    for obj in objs:
+        try:
+            if kube.create(api(), obj):
+                created += 1
+                metrics.CHILDREN.labels(obj["kind"]).inc()
+        except (client.ApiException, ValueError, TypeError) as e:
+            if isinstance(e, client.ApiException) and not kube.is_rejection(e):
+                raise  # the API server is down or busy: kopf retries
+            # The API server (or the client's own model validation, a ValueError) refuses a child
+            # built from this spec (a malformed affinity, image or resources, a quota): retrying
+            # cannot help, so the job fails with the refusal's words.
+            why = kube.reason(e) if isinstance(e, client.ApiException) else " ".join(str(e).split())[:500]
+            metrics.ERRORS.labels("create", "ChildRejected").inc()
+            _set_phase(body, patch, FAILED, "ChildRejected", f"{obj['kind']} {obj['metadata']['name']} rejected: {why}",
+                       meta.get("generation"), dict(status))
+            return
     if not status.get("phase"):
         patch.status["startTime"] = now()
         patch.status["resultLocation"] = result_location(job, s)

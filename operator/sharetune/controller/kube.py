@@ -38,6 +38,21 @@ def scale_servers(api: client.ApiClient, namespace: str, name: str, replicas: in
     client.AppsV1Api(api).patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
 
 
+def is_rejection(e: ApiException) -> bool:
+    """A 4xx the same request will get again (invalid object, forbidden, quota), as opposed to
+    conflicts, throttling and server errors, which are worth retrying."""
+    return e.status is not None and 400 <= e.status < 500 and e.status not in (404, 408, 409, 429)
+
+
+def reason(e: ApiException) -> str:
+    import json
+
+    try:
+        return str(json.loads(e.body).get("message", e.reason))
+    except (TypeError, ValueError):
+        return str(e.reason)
+
+
 def restart_deployment(api: client.ApiClient, namespace: str, name: str) -> None:
     """What `kubectl rollout restart` does: a new template annotation rolls every pod."""
     from .status import now
