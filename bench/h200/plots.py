@@ -1,0 +1,147 @@
+"""The figures of docs/benchmarks.md, from the H200 results (no GPU, no TVM):
+
+  docs/h200-throughput.png       trials/s and end-to-end latency per configuration
+  docs/h200-quality-over-time.png  best-so-far tuned-kernel latency over time; final model latency vs wall time
+  docs/h200-quality-heatmap.png  the quality matrix: latency per run x serving share, and the per-P_t slowdowns
+
+  python bench/h200/plots.py     (after summarize.py)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from summarize import RESULTS, _cells, kernel_curve
+
+DOCS = RESULTS.parents[1] / "docs"
+
+
+def _short(run: str) -> str:
+    return run.replace("st-r18-", "").replace("-r18", "")
+
+
+def main() -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tuning = json.loads((RESULTS / "h200-tuning.json").read_text())
+    qm = json.loads((RESULTS / "h200-quality-matrix.json").read_text())
+    configs: list[dict[str, Any]] = tuning["sweep"]
+    base = tuning["baseline"]
+
+    # ---- throughput and final latency per configuration ------------------------------------------
+    order = sorted(configs, key=lambda c: (c["mode"] != "baseline", c["thread_pct_P"], c["id"]))
+    fig, ax = plt.subplots(1, 2, figsize=(14, 4.6))
+    names = [_short(c["id"]) for c in order]
+    colors = ["grey" if c["mode"] == "baseline" else "tab:blue" for c in order]
+    ax[0].bar(names, [c["trials_per_s"] for c in order], color=colors)
+    for i, c in enumerate(order):
+        ax[0].text(i, c["trials_per_s"], f"{c['throughput_ratio']:.2f}x\n{c['cpu_util_mean_pct']:.0f}% cpu",
+                   ha="center", va="bottom", fontsize=7)
+    ax[0].axhline(5 * base["trials_per_s"], ls="--", color="tab:red", lw=1)
+    ax[0].text(len(order) - 0.5, 5 * base["trials_per_s"], "goal 5x", color="tab:red", ha="right", va="bottom",
+               fontsize=8)
+    ax[0].set_ylabel("trials / s (wall, start-up included)")
+    ax[0].set_title("tuning throughput (ResNet-18, 6 tasks x 16 trials, one H200)")
+    ax[0].tick_params(axis="x", rotation=40, labelsize=8)
+    ax[0].set_ylim(0, 5.6 * base["trials_per_s"])
+    lat = [c.get("e2e_latency_ms_100pct_no_mps") for c in order]
+    ax[1].bar(names, [v or 0 for v in lat], color=colors)
+    b = base["e2e_latency_ms_100pct_no_mps"]
+    ax[1].axhline(1.05 * b, ls="--", color="tab:red", lw=1)
+    ax[1].text(len(order) - 0.5, 1.05 * b, "baseline + 5%", color="tab:red", ha="right", va="bottom", fontsize=8)
+    untuned = qm["untuned_ms_by_serve_pct"].get("100")
+    if untuned:
+        ax[1].axhline(untuned, ls=":", color="k", lw=1)
+        ax[1].text(-0.5, untuned, "untuned", fontsize=8, va="bottom")
+    for i, v in enumerate(lat):
+        if v:
+            ax[1].text(i, v, f"{v / b:.2f}", ha="center", va="bottom", fontsize=7)
+    ax[1].set_ylabel("end-to-end latency, ms (whole GPU, no MPS)")
+    ax[1].set_title("tuned model latency (label: / baseline)")
+    ax[1].tick_params(axis="x", rotation=40, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(DOCS / "h200-throughput.png", dpi=110)
+    plt.close(fig)
+
+    # ---- quality over time -----------------------------------------------------------------------
+    cells, evals = _cells("h200-cells.jsonl"), _cells("h200-eval.jsonl")
+    ev = {e["run"]: e for e in evals.values() if "run" in e and "error" not in e}
+    bcell = next(c for c in cells.values() if c["mode"] == "baseline")
+    weights = {t["workload_hash"]: t["weight"] for t in bcell["tasks"]}
+    fig, ax = plt.subplots(1, 2, figsize=(14, 4.8))
+    for c in sorted(cells.values(), key=lambda c: (c["mode"] != "baseline", c["thread_pct"], c["id"])):
+        e = ev.get(c["id"])
+        curve = kernel_curve(e, weights) if e else []
+        if curve:
+            ax[0].step([t for t, _ in curve] + [c["wall_s"]], [v * 1e6 for _, v in curve] + [curve[-1][1] * 1e6],
+                       where="post", label=_short(c["id"]), lw=2.2 if c["mode"] == "baseline" else 1.2,
+                       color="k" if c["mode"] == "baseline" else None)
+    ax[0].set_ylim(500, 3000)  # one st-r18-m6n6p75-v2 record re-measures at ~35 ms: clipped
+    ax[0].set_xlabel("s since the run started")
+    ax[0].set_ylabel("sum of calls x kernel latency, us")
+    ax[0].set_title("6 tuned kernels, best so far (re-measured in isolation at 100%;\n"
+                    "from when every task has a record; y clipped at 3 ms)", fontsize=10)
+    ax[0].legend(fontsize=7, ncol=2)
+    for c in configs:
+        v = c.get("e2e_latency_ms_100pct_no_mps")
+        if v is None:
+            continue
+        mk = "s" if c["mode"] == "baseline" else "o"
+        ax[1].scatter(c["wall_s"], v, marker=mk, color="k" if c["mode"] == "baseline" else "tab:blue")
+        ax[1].annotate(_short(c["id"]), (c["wall_s"], v), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax[1].axhline(1.05 * b, ls="--", color="tab:red", lw=1)
+    if untuned:
+        ax[1].axhline(untuned, ls=":", color="k", lw=1)
+    ax[1].set_xlabel("wall time of the run, s")
+    ax[1].set_ylabel("final end-to-end latency, ms")
+    ax[1].set_title("final model latency vs time spent (dashed: baseline + 5%, dotted: untuned)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(DOCS / "h200-quality-over-time.png", dpi=110)
+    plt.close(fig)
+
+    # ---- quality heatmap -------------------------------------------------------------------------
+    serve = qm["serve_pcts"]
+    rows = sorted(qm["rows"], key=lambda r: (r["tuned_at_pct"], r["mode"] != "baseline", r["run"]))
+    shape = qm["shape"]["slowdown_by_serve_pct"]
+    fig, ax = plt.subplots(1, 2, figsize=(14, 5.2), gridspec_kw={"width_ratios": [1.25, 1]})
+    data = [[r["latency_ms_by_serve_pct"][str(s)] for s in serve] for r in rows]
+    im = ax[0].imshow(data, cmap="viridis_r", aspect="auto")
+    ax[0].set_xticks(range(len(serve)), [f"{s}%" for s in serve])
+    ax[0].set_yticks(range(len(rows)), [f"P_t={r['tuned_at_pct']}: {_short(r['run'])}" for r in rows], fontsize=8)
+    for i, row in enumerate(data):
+        for j, v in enumerate(row):
+            ax[0].text(j, i, f"{v:.2f}", ha="center", va="center", color="w", fontsize=7)
+    ax[0].set_xlabel("serving share P_s (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)")
+    ax[0].set_title("end-to-end latency (ms) per tuning run")
+    fig.colorbar(im, ax=ax[0])
+    pts = sorted(shape, key=int)
+    sd = [[shape[p][str(s)] for s in serve] for p in pts]
+    im2 = ax[1].imshow(sd, cmap="magma_r", aspect="auto", vmin=1.0)
+    ax[1].set_xticks(range(len(serve)), [f"{s}%" for s in serve])
+    ax[1].set_yticks(range(len(pts)), [f"P_t={p} (n={qm['shape']['runs_by_tuning_pct'][p]})" for p in pts])
+    rec = qm["recommended"]
+    for i, row in enumerate(sd):
+        for j, v in enumerate(row):
+            best = rec["tuning_pct_by_serving_pct"][str(serve[j])] == int(pts[i])
+            ax[1].text(j, i, f"{v:.3f}" + ("*" if best else ""), ha="center", va="center",
+                       color="w" if v > 1.12 else "k", fontsize=8)
+    ax[1].set_xlabel("serving share P_s")
+    ax[1].set_title(f"slowdown vs best P_t at each P_s (level-normalised, geo-mean)\n* = table entry; "
+                    f"recommended default P_t={rec['recommended_tuning_pct']} (worst {rec['worst_case_slowdown']:.3f})",
+                    fontsize=9)
+    fig.colorbar(im2, ax=ax[1])
+    fig.tight_layout()
+    fig.savefig(DOCS / "h200-quality-heatmap.png", dpi=110)
+    plt.close(fig)
+    print("wrote", *(DOCS / n for n in ("h200-throughput.png", "h200-quality-over-time.png", "h200-quality-heatmap.png")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
