@@ -45,7 +45,7 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
         st(6, 6, 10, ["--pop-per-cand", "8"], "-pop8"),
         st(6, 6, 100),
         ev,
-        # not run yet: the rest of the quality matrix's tuning shares, and topology variants
+        # the rest of the quality matrix's tuning shares, and topology variants (ran 2026-12-02)
         st(6, 6, 25, suffix="-v2"),
         st(6, 6, 50, suffix="-v2"),
         st(6, 6, 75, suffix="-v2"),
