@@ -37,8 +37,11 @@ def test_no_daemon_no_report(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     assert "CUDA_MPS_PIPE_DIRECTORY is not set" in (serving.skip_reason("cuda", True) or "")
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe")}
     assert "no MPS daemon answers" in (serving.skip_reason("cuda", True, env, probe=lambda e: False) or "")
-    # without the MPS binaries the real probe says no, it does not raise
+    # without the MPS control binary (a merge container) the daemon's control pipe counts
     assert serving.daemon_answers(env, control="no-such-mps-control") is False
+    (tmp_path / "pipe").mkdir()
+    (tmp_path / "pipe" / "control").touch()
+    assert serving.daemon_answers(env, control="no-such-mps-control") is True
 
 
 def test_one_measurement_per_share_under_the_daemon(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
