@@ -90,4 +90,6 @@ def test_tuningjob_succeeds_on_real_pods_despite_killed_pods(real) -> None:  # t
 def test_helm_test_passes(real) -> None:  # type: ignore[no-untyped-def]
     r = realrun.helm_test(real)
     assert r.returncode == 0, r.stdout + r.stderr + realrun.diagnostics(real)
-    assert "Succeeded" in r.stdout or "succeeded" in r.stdout
+    assert "TEST SUITE:     sharetune-smoke-test" in r.stdout and "Phase:          Succeeded" in r.stdout, r.stdout
+    smoke = realrun.job(real, "sharetune-smoke")  # the TuningJob the hook's pod applied and waited for
+    assert smoke["status"]["phase"] == "Succeeded", smoke.get("status")

@@ -43,8 +43,8 @@ def helm_install(rc: RealCluster, namespace: str = NAMESPACE, timeout: str = "5m
 
 
 def helm_test(rc: RealCluster, namespace: str = NAMESPACE, timeout: str = "15m") -> subprocess.CompletedProcess[str]:
-    return run(rc, "helm", "test", RELEASE, "-n", namespace, "--timeout", timeout, "--logs", check=False,
-               timeout=1000)
+    # No --logs: the hook's delete policy removes the test pod once it succeeded.
+    return run(rc, "helm", "test", RELEASE, "-n", namespace, "--timeout", timeout, check=False, timeout=1000)
 
 
 def job(rc: RealCluster, name: str, namespace: str = NAMESPACE) -> dict[str, Any]:
