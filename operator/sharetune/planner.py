@@ -155,6 +155,24 @@ def _job_spec_volume(job: JobRef) -> tuple[dict[str, Any], dict[str, Any]]:
     return vol, mount
 
 
+MODEL_DIR = "/model"  # sharetune_tuner.model.MODEL_DIR
+
+
+def _model_volume(spec: TuningJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """An ONNX model from a ConfigMap or PVC, mounted read-only where the tuner looks for it:
+    (volumes, mounts, env) for the client and merge pods; empty for zoo/URL models."""
+    src = spec.model.onnx
+    if src is None or not (src.config_map or src.pvc):
+        return [], [], []
+    if src.config_map:
+        vol = {"name": "model", "configMap": {"name": src.config_map,
+                                              "items": [{"key": src.config_map_key, "path": "model.onnx"}]}}
+    else:
+        vol = {"name": "model", "persistentVolumeClaim": {"claimName": src.pvc, "readOnly": True}}
+    return ([vol], [{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}],
+            [{"name": "SHARETUNE_MODEL_DIR", "value": MODEL_DIR}])
+
+
 def _mps_host_dir(job: JobRef) -> str:
     return f"{MPS_HOST_ROOT}/{job.namespace}-{job.name}"
 
@@ -296,10 +314,11 @@ def _clients(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
             "--metrics-port", str(METRICS_PORT)]
     if spec.output.s3 is not None:  # progress still goes to the shard's ConfigMap
         args += ["--progress", f"configmap://{job.namespace}/{job.name}"]
-    c = _container(spec, image, "client", args, env=_store_env(spec),
+    mvols, mmounts, menv = _model_volume(spec)
+    c = _container(spec, image, "client", args, env=_store_env(spec) + menv,
                    resources=spec.raw.get("clients", {}).get("resources"),
-                   mounts=[mount, {"name": "work", "mountPath": "/work"}], probe=False)
-    pod = _pod_spec(spec, [c], volumes=[vol, {"name": "work", "emptyDir": {}}], service_account=n["sa"],
+                   mounts=[mount, {"name": "work", "mountPath": "/work"}, *mmounts], probe=False)
+    pod = _pod_spec(spec, [c], volumes=[vol, {"name": "work", "emptyDir": {}}, *mvols], service_account=n["sa"],
                     restartPolicy="Never")
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job, n["clients"], "client"),
             "spec": {"completionMode": "Indexed", "completions": spec.shards, "parallelism": spec.shards,
@@ -319,9 +338,10 @@ def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE) -> 
         args += ["--result-configmap", spec.output.config_map]
     if spec.output.s3 is not None:  # the summary also goes to the result ConfigMap, for status
         args += ["--progress", f"configmap://{job.namespace}/{job.name}"]
-    env = _store_env(spec)
-    volumes = [vol, {"name": "work", "emptyDir": {}}]
-    mounts = [mount, {"name": "work", "mountPath": "/work"}]
+    mvols, mmounts, menv = _model_volume(spec)
+    env = _store_env(spec) + menv
+    volumes = [vol, {"name": "work", "emptyDir": {}}, *mvols]
+    mounts = [mount, {"name": "work", "mountPath": "/work"}, *mmounts]
     extra: dict[str, Any] = {}
     if spec.uses_mps:
         mvol, mmount, menv = _mps_client_parts(job)

@@ -103,3 +103,19 @@ def test_scheduling_fields_reach_the_gpu_pods() -> None:
     assert pod_spec(k["Pod"][0])["nodeSelector"] == {"gpu": "h200"}
     for o in [*k["Deployment"], *k["Job"]]:
         assert pod_spec(o)["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+
+
+def test_onnx_models_from_a_configmap_or_pvc_are_mounted_for_clients_and_merge() -> None:
+    s = parse_spec("tj", {"model": {"onnx": {"configMap": {"name": "my-model", "key": "net.onnx"}}}})
+    for o in (next(o for o in plan(JOB, s) if o["kind"] == "Job"), plan_merge(JOB, s)):
+        vols = {v["name"]: v for v in pod_spec(o)["volumes"]}
+        assert vols["model"]["configMap"] == {"name": "my-model", "items": [{"key": "net.onnx", "path": "model.onnx"}]}
+        c = containers(o)[0]
+        assert {"name": "model", "mountPath": "/model", "readOnly": True} in c["volumeMounts"]
+        assert {"name": "SHARETUNE_MODEL_DIR", "value": "/model"} in c["env"]
+    p = parse_spec("tj", {"model": {"onnx": {"pvc": {"claimName": "models", "path": "a/b.onnx"}}}})
+    vols = {v["name"]: v for v in pod_spec(plan_merge(JOB, p))["volumes"]}
+    assert vols["model"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    # A zoo model mounts nothing.
+    z = parse_spec("tj", {"model": {"name": "resnet18"}})
+    assert "model" not in {v["name"] for v in pod_spec(plan_merge(JOB, z))["volumes"]}

@@ -66,3 +66,16 @@ def test_mps_recovery_replaces_a_dead_daemon_and_restarts_its_servers() -> None:
     # Once merging or done, a dead daemon changes nothing.
     for phase in ("Merging", "Succeeded", "Failed"):
         assert mps_recovery(obs("failed"), phase, 0) == (False, False)
+
+
+def test_pending_says_why_pods_cannot_start() -> None:
+    secret = Observed(shards=[ShardView(0)], secret_problem="Secret s3 (output.s3.credentialsSecret) does not exist in ns")
+    assert next_phase(PENDING, secret, 1)[:2] == (PENDING, "SecretMissing")
+    gpu = Observed(shards=[ShardView(0)], unschedulable="server: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu.")
+    assert next_phase(PENDING, gpu, 1)[:2] == (PENDING, "GpuUnavailable")
+    cpu = Observed(shards=[ShardView(0)], unschedulable="client: 0/2 nodes are available: 2 node(s) didn't match selector")
+    phase, reason, message = next_phase(PENDING, cpu, 1)
+    assert (phase, reason) == (PENDING, "Unschedulable") and "didn't match" in message
+    # Once a shard tunes, a retried pod waiting for a node does not send the job back to Pending.
+    tuning = Observed(shards=[ShardView(0, state="tuning")], unschedulable=cpu.unschedulable)
+    assert next_phase(RUNNING, tuning, 1)[:2] == (RUNNING, "Tuning")

@@ -202,10 +202,16 @@ class ProcessKubelet:
                 cm = self.core.read_namespaced_config_map(v.config_map.name, self.namespace)
                 d = work / "cm" / v.name
                 d.mkdir(parents=True, exist_ok=True)
-                for k, val in (cm.data or {}).items():
+                import base64
+
+                files: dict[str, bytes] = {k: v.encode() for k, v in (cm.data or {}).items()}
+                files.update({k: base64.b64decode(v) for k, v in (cm.binary_data or {}).items()})
+                paths = {i.key: i.path for i in v.config_map.items or []} or {k: k for k in files}
+                for k, path_in_vol in paths.items():
+                    val = files[k]
                     if self.cpu_for_gpu and k.endswith(".yaml"):
-                        val = _cpu_job(val)
-                    (d / k).write_text(val)
+                        val = _cpu_job(val.decode()).encode()
+                    (d / path_in_vol).write_bytes(val)
                 override[path] = str(d)
             elif v.empty_dir is not None:
                 override[path] = str(work / "emptydir" / v.name)

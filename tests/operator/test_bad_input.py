@@ -171,3 +171,67 @@ def test_a_thousand_generated_specs_get_a_clear_answer(k8s, operator, ns) -> Non
     assert tracker.rejected > 100 and tracker.accepted > 100, "the generator must hit both sides"
     assert errors.records == [], errors.records[:5]
     assert status_errors() == status_errors_before
+
+
+# ---- named bad inputs ------------------------------------------------------------------------
+
+
+def _ready(job: dict[str, Any]) -> tuple[str | None, str | None, str]:
+    st_ = job.get("status") or {}
+    reason = next((c.get("reason") for c in st_.get("conditions", []) if c.get("type") == "Ready"), None)
+    return st_.get("phase"), reason, st_.get("message", "")
+
+
+def test_cuda_job_where_no_node_has_a_free_gpu_says_so(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]
+    from .conftest import create_job, get_job, wait_for
+
+    # Without MPS each server asks for a whole GPU; pinned to the CPU-only node, none can run.
+    create_job(k8s, ns, tuning_job("nogpu", target="cuda", gpuSharing={"mps": False},
+                                   nodeSelector={"kubernetes.io/hostname": "kwok-cpu-0"}))
+    phase, reason, message = wait_for("a Pending reason", lambda: (r := _ready(get_job(k8s, ns, "nogpu")))[1]
+                                      == "GpuUnavailable" and r, timeout_s=60)
+    assert phase == "Pending" and message.startswith("cannot be scheduled: server:")
+    assert "Insufficient nvidia.com/gpu" in message
+
+
+def test_missing_s3_secret_is_a_pending_reason_until_it_exists(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]
+    from .conftest import create_job, get_job, wait_for
+
+    out = {"s3": {"endpoint": "http://127.0.0.1:9", "bucket": "bkt", "credentialsSecret": {"name": "later"}}}
+    create_job(k8s, ns, tuning_job("nosecret", output=out))
+    phase, _, message = wait_for("SecretMissing", lambda: (r := _ready(get_job(k8s, ns, "nosecret")))[1]
+                                 == "SecretMissing" and r, timeout_s=60)
+    assert phase == "Pending" and message == f"Secret later (output.s3.credentialsSecret) does not exist in {ns}"
+    core = client.CoreV1Api(k8s)
+    core.create_namespaced_secret(ns, client.V1Secret(metadata=client.V1ObjectMeta(name="later"),
+                                                      string_data={"AWS_ACCESS_KEY_ID": "k"}))
+    wait_for("missing key named", lambda: "no key(s) AWS_SECRET_ACCESS_KEY" in _ready(get_job(k8s, ns, "nosecret"))[2],
+             timeout_s=30)
+    core.patch_namespaced_secret("later", ns, {"stringData": {"AWS_SECRET_ACCESS_KEY": "s"}})
+    wait_for("back to Starting", lambda: _ready(get_job(k8s, ns, "nosecret"))[1] == "Starting", timeout_s=30)
+
+
+def test_corrupt_onnx_and_unreachable_url_fail_with_the_models_error(k8s, cluster, operator, ns) -> None:  # type: ignore[no-untyped-def]
+    """Real client processes (the process kubelet runs the pods' commands) meet the bad models."""
+    from sharetune.procs import free_port
+
+    from ..faults.podsim import ProcessKubelet
+    from .conftest import create_job, get_job, wait_for
+
+    core = client.CoreV1Api(k8s)
+    import base64
+
+    core.create_namespaced_config_map(ns, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="bad-model"),
+                                                             binary_data={"model.onnx": base64.b64encode(b"\x08\x07garbage").decode()}))
+    retries = {"shards": 1, "builderWorkers": 1, "backoffLimitPerIndex": 0}
+    create_job(k8s, ns, tuning_job("corrupt", model={"onnx": {"configMap": {"name": "bad-model"}}}, clients=retries))
+    create_job(k8s, ns, tuning_job("gone", model={"onnx": {"url": f"http://127.0.0.1:{free_port()}/m.onnx"}},
+                                   clients=retries))
+    sim = ProcessKubelet(k8s, ns, cluster.server, cluster.pki.ca.cert).start()
+    try:
+        for name, words in (("corrupt", "is not a valid ONNX model"), ("gone", "cannot download model from http://127.0.0.1")):
+            phase, reason, message = wait_for(f"{name} Failed", lambda: (r := _ready(get_job(k8s, ns, name)))[0]
+                                              == "Failed" and r, timeout_s=180)
+            assert reason == "ShardFailed" and words in message, message
+    finally:
+        sim.stop()

@@ -47,6 +47,24 @@ def test_onnx_file_roundtrip(tmp_path: Path) -> None:
     assert len(extract(m.mod, make_target("llvm", 1))) >= 4
 
 
+def test_configmap_and_pvc_models_load_from_the_mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnx
+
+    from sharetune.spec import parse_spec
+    from sharetune_tuner.zoo import tiny_cnn
+
+    monkeypatch.setenv("SHARETUNE_MODEL_DIR", str(tmp_path))
+    cm = parse_spec("j", {"model": {"onnx": {"configMap": {"name": "m", "key": "net.onnx"}}}})
+    with pytest.raises(ModelError, match="ConfigMap m key net.onnx"):
+        model_mod.load_for_spec(cm.model)
+    onnx.save(tiny_cnn([1, 3, 16, 16]), str(tmp_path / "model.onnx"))  # what the pod's mount shows
+    assert model_mod.load_for_spec(cm.model).input_shape == (1, 3, 16, 16)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "model.onnx").rename(tmp_path / "sub" / "b.onnx")
+    pvc = parse_spec("j", {"model": {"onnx": {"pvc": {"claimName": "models", "path": "/sub/b.onnx"}}}})
+    assert model_mod.load_for_spec(pvc.model).input_shape == (1, 3, 16, 16)
+
+
 def test_bad_inputs_raise_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="unknown built-in model 'resnet9000'; choose one of"):
         model_mod.load(name="resnet9000")

@@ -179,15 +179,6 @@ def _client(a: argparse.Namespace) -> int:
     host, port = _split(a.tracker)
     srv = _status_server(a.metrics_port)
     try:
-        model = model_mod.load_for_spec(spec.model)
-        target = make_target(spec.target, spec.builder_workers)
-        cfg = ClientConfig(job=spec.name, shard=a.shard, shards=shards, work_dir=a.work_dir,
-                           tracker_host=host, tracker_port=port,
-                           tracker_key=a.key, servers=a.servers or spec.servers.replicas,
-                           total_trials=spec.trials.total, trials_per_task=spec.trials.per_task,
-                           trials_per_iter=spec.trials.per_iteration, cost_model=spec.cost_model,
-                           seed=spec.seed, builder_workers=spec.builder_workers,
-                           tracker_wait_s=a.tracker_wait, session_runner=a.session_runner)
         sync = None
         if a.store:
             from .store import ConfigMapStore, open_store
@@ -208,8 +199,20 @@ def _client(a: argparse.Namespace) -> int:
             if restored:
                 log.info("restored %d records of shard %d from %s", restored, a.shard, store.uri)
             sync.start()
-            cfg.on_round = sync.poke
         try:
+            # Model and target are loaded once the shard can report: a bad model (corrupt ONNX,
+            # unreachable URL) then reaches the job's status as this shard's failure message.
+            model = model_mod.load_for_spec(spec.model)
+            target = make_target(spec.target, spec.builder_workers)
+            cfg = ClientConfig(job=spec.name, shard=a.shard, shards=shards, work_dir=a.work_dir,
+                               tracker_host=host, tracker_port=port,
+                               tracker_key=a.key, servers=a.servers or spec.servers.replicas,
+                               total_trials=spec.trials.total, trials_per_task=spec.trials.per_task,
+                               trials_per_iter=spec.trials.per_iteration, cost_model=spec.cost_model,
+                               seed=spec.seed, builder_workers=spec.builder_workers,
+                               tracker_wait_s=a.tracker_wait, session_runner=a.session_runner)
+            if sync is not None:
+                cfg.on_round = sync.poke
             progress = run_client(cfg, model, target)
             if sync is not None:
                 sync.stop()

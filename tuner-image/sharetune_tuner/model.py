@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ class LoadedModel:
 
     def sample_input(self, seed: int = 0) -> np.ndarray:
         return np.random.default_rng(seed).standard_normal(self.input_shape).astype(np.float32)
+
+
+MODEL_DIR = "/model"  # where pods find a mounted ConfigMap/PVC model
 
 
 def fetch_url(url: str, cache_dir: Path) -> Path:
@@ -127,5 +131,13 @@ def load_for_spec(spec: Any, cache_dir: Path | None = None) -> LoadedModel:
         return load(url=src.url, input_shape=spec.input_shape, cache_dir=cache_dir)
     if src.path:
         return load(onnx_path=src.path, input_shape=spec.input_shape)
-    raise ModelError("this ONNX source (ConfigMap/PVC) is mounted by the operator as a file; "
-                     "locally, use spec.model.onnx.path")
+    # A ConfigMap or PVC source: the operator mounts it at SHARETUNE_MODEL_DIR in the client and
+    # merge pods (the ConfigMap's key as model.onnx, the PVC as a whole).
+    root = Path(os.environ.get("SHARETUNE_MODEL_DIR", MODEL_DIR))
+    if src.config_map:
+        path, where = root / "model.onnx", f"ConfigMap {src.config_map} key {src.config_map_key}"
+    else:
+        path, where = root / str(src.pvc_path or "").lstrip("/"), f"PVC {src.pvc} path {src.pvc_path}"
+    if not path.is_file():
+        raise ModelError(f"no model file at {path} ({where}); outside a pod, use spec.model.onnx.path")
+    return load(onnx_path=path, input_shape=spec.input_shape)

@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -185,6 +185,7 @@ class Snapshot:
     configmaps: dict[tuple[str, str], Any]
     jobs: dict[tuple[str, str], Any]
     daemons: dict[tuple[str, str], Any]
+    pending_pods: dict[tuple[str, str], Any] = field(default_factory=dict)  # Pending only: cheap when all run
 
 
 def snapshot() -> Snapshot:
@@ -199,11 +200,36 @@ def snapshot() -> Snapshot:
         jobs = [o for ns in NAMESPACES for o in batch.list_namespaced_job(ns, label_selector=sel).items]
         pods = [o for ns in NAMESPACES for o in core.list_namespaced_pod(
             ns, label_selector=sel + ",app.kubernetes.io/component=mps-daemon").items]
+        pending = [o for ns in NAMESPACES for o in core.list_namespaced_pod(
+            ns, label_selector=sel, field_selector="status.phase=Pending").items]
     else:
         cms = core.list_config_map_for_all_namespaces(label_selector=sel).items
         jobs = batch.list_job_for_all_namespaces(label_selector=sel).items
         pods = core.list_pod_for_all_namespaces(label_selector=sel + ",app.kubernetes.io/component=mps-daemon").items
-    return Snapshot(index(cms), index(jobs), index(pods))
+        pending = core.list_pod_for_all_namespaces(label_selector=sel, field_selector="status.phase=Pending").items
+    return Snapshot(index(cms), index(jobs), index(pods), index(pending))
+
+
+def _unschedulable(pod: Any) -> str | None:
+    for c in (pod.status.conditions or []) if pod.status else []:
+        if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
+            return str(c.message)
+    return None
+
+
+def _secret_problem(namespace: str, s: TuningJobSpec) -> str | None:
+    """The S3 Secret the pods' env refers to: missing (or a key missing) means pods that never
+    start (CreateContainerConfigError), so the job says so while it waits for it."""
+    s3 = s.output.s3
+    if s3 is None:
+        return None
+    sec = kube.read_or_none(client.CoreV1Api(api()).read_namespaced_secret, s3.secret_name, namespace)
+    if sec is None:
+        return f"Secret {s3.secret_name} (output.s3.credentialsSecret) does not exist in {namespace}"
+    missing = [k for k in (s3.access_key_id_key, s3.secret_access_key_key) if k not in (sec.data or {})]
+    if missing:
+        return f"Secret {s3.secret_name} has no key(s) {', '.join(missing)}"
+    return None
 
 
 def observe(job: JobRef, s: TuningJobSpec, snap: Snapshot) -> Observed:
@@ -243,6 +269,14 @@ def observe(job: JobRef, s: TuningJobSpec, snap: Snapshot) -> Observed:
             ended = phase in ("Failed", "Succeeded") or pod.metadata.deletion_timestamp is not None
             obs.daemon_state = "failed" if ended else ("running" if phase == "Running" else "pending")
             obs.daemon_restarts = sum(c.restart_count or 0 for c in (pod.status.container_statuses or []))
+    for (pns, _), pod in snap.pending_pods.items():
+        if pns == ns and (pod.metadata.labels or {}).get("sharetune.io/job") == job.name:
+            why = _unschedulable(pod)
+            if why:
+                obs.unschedulable = f"{pod.metadata.labels.get('app.kubernetes.io/component', 'pod')}: {why}"
+                break
+    if s.output.s3 is not None and not any(v.state in ("tuning", "done") for v in shards):
+        obs.secret_problem = _secret_problem(ns, s)
     return obs
 
 
@@ -358,7 +392,11 @@ def reconcile_status(body: dict[str, Any], patch: kopf.Patch, snap: Snapshot) ->
         patch.status["tunedLatencyMs"] = obs.summary.get("latency_tuned_ms")
         patch.status["trialsCompleted"] = obs.summary.get("records")
         patch.status["progressPercent"] = 100
-    if new_phase != phase or (new_phase == PENDING and reason == "GpuUnavailable" and reason != _last_reason(status)):
+    last = _last_reason(status)
+    # While Pending the reason and its message are news (GPU busy, Secret missing or lacking a key,
+    # and back to Starting once fixed); Created -> Starting is not.
+    changed = reason != last or message != status.get("message")
+    if new_phase != phase or (new_phase == PENDING and changed and (last, reason) != ("Created", "Starting")):
         _set_phase(body, patch, new_phase, reason, message, meta.get("generation"), dict(status))
     metrics.RECONCILE.labels("status").observe(time.monotonic() - t0)
 

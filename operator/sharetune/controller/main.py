@@ -28,8 +28,13 @@ def run(a: argparse.Namespace) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if a.metrics_port >= 0:
         start_http_server(a.metrics_port)
+    settings = kopf.OperatorSettings()
+    # Namespaced (the chart's default, a Role only): serve the named namespaces as they are. With
+    # scanning on, kopf first lists namespaces cluster-wide, is refused, and retries for ~40 s
+    # before it falls back to exactly this, on every operator start (seen on the real node).
+    settings.scanning.disabled = bool(a.namespace) and not any(c in n for n in a.namespace for c in "*?!,")
     asyncio.run(kopf.operator(
-        clusterwide=not a.namespace, namespaces=a.namespace,
+        clusterwide=not a.namespace, namespaces=a.namespace, settings=settings,
         liveness_endpoint=f"http://0.0.0.0:{a.liveness_port}/healthz" if a.liveness_port >= 0 else None,
         standalone=True))
     return 0

@@ -72,6 +72,8 @@ class Observed:
     merge_message: str = ""
     summary: dict[str, Any] | None = None
     daemon_unschedulable: str | None = None  # the scheduler's message
+    unschedulable: str | None = None  # "<component>: <scheduler's message>" of another pod of the job
+    secret_problem: str | None = None  # the S3 credentials Secret is missing or lacks a key
     daemon_state: str = "absent"  # "absent" | "running" | "failed" (pod ended or deleted) | "pending"
     daemon_restarts: int = 0  # container restarts the kubelet did in place
 
@@ -124,6 +126,13 @@ def next_phase(current: str | None, obs: Observed, shards: int) -> tuple[str, st
         return MERGING, "ShardsDone", f"all {shards} shards done; merging"
     if obs.daemon_unschedulable:
         return PENDING, "GpuUnavailable", f"the MPS daemon cannot be scheduled: {obs.daemon_unschedulable}"
-    if any(s.state in ("tuning", "done") for s in obs.shards):
+    tuning = any(s.state in ("tuning", "done") for s in obs.shards)
+    # Pods that can never start must say so instead of leaving the job silently Pending.
+    if obs.secret_problem and not tuning:
+        return PENDING, "SecretMissing", obs.secret_problem
+    if obs.unschedulable and not tuning:
+        gpu = "nvidia.com/gpu" in obs.unschedulable
+        return PENDING, "GpuUnavailable" if gpu else "Unschedulable", f"cannot be scheduled: {obs.unschedulable}"
+    if tuning:
         return RUNNING, "Tuning", "clients are tuning"
     return (current or PENDING), "Starting", "waiting for tracker, servers and clients"
