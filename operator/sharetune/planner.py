@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from .gpuenv import NO_MULTICAST
+
 from .spec import API_GROUP, API_VERSION, KIND, TuningJobSpec
 
 TRACKER_PORT = 9190
@@ -110,12 +112,16 @@ def _store_env(spec: TuningJobSpec) -> list[dict[str, Any]]:
     return env
 
 
+NO_MULTICAST_ENV = [{"name": k, "value": v} for k, v in NO_MULTICAST.items()]
+
+
 def _container(spec: TuningJobSpec, image: str, name: str, args: list[str], *, env: list[dict[str, Any]] | None = None,
                resources: dict[str, Any] | None = None, security: dict[str, Any] | None = None,
                mounts: list[dict[str, Any]] | None = None, probe: bool = True) -> dict[str, Any]:
     c: dict[str, Any] = {
         "name": name, "image": image, "imagePullPolicy": spec.raw.get("imagePullPolicy", "IfNotPresent"),
-        "args": args, "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, *(env or [])],
+        "args": args, "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, *(NO_MULTICAST_ENV if spec.target == "cuda" else []),
+                              *(env or [])],
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
         "securityContext": security if security is not None else _restricted(),
         "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}, *(mounts or [])],
@@ -173,12 +179,45 @@ def _model_volume(spec: TuningJobSpec) -> tuple[list[dict[str, Any]], list[dict[
             [{"name": "SHARETUNE_MODEL_DIR", "value": MODEL_DIR}])
 
 
-def _mps_host_dir(job: JobRef) -> str:
-    return f"{MPS_HOST_ROOT}/{job.namespace}-{job.name}"
+GPU_INDEX = "sharetune.io/gpu-index"
 
 
-def _mps_client_parts(job: JobRef) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
-    vol = {"name": "mps", "hostPath": {"path": _mps_host_dir(job), "type": "DirectoryOrCreate"}}
+def gpu_groups(spec: TuningJobSpec) -> list[int | None]:
+    """One group (MPS daemon + its servers) per GPU of an MPS job; ``None`` = the single-GPU
+    layout, whose objects keep their plain names."""
+    if spec.uses_mps and spec.gpus > 1:
+        return list(range(spec.gpus))
+    return [None]
+
+
+def in_group(name: str, g: int | None) -> str:
+    return name if g is None else f"{name}-{g}"
+
+
+def daemon_names(job: str, spec: TuningJobSpec) -> list[tuple[int | None, str, str]]:
+    """(group, MPS daemon pod, servers Deployment) per GPU group."""
+    n = names(job)
+    return [(g, in_group(n["mps"], g), in_group(n["servers"], g)) for g in gpu_groups(spec)]
+
+
+def servers_scale(job: str, spec: TuningJobSpec, replicas: int) -> list[tuple[str, int]]:
+    """Servers Deployments and their replicas for ``servers.replicas`` = ``replicas`` (per GPU)."""
+    if gpu_groups(spec) != [None]:
+        return [(srv, replicas) for _, _, srv in daemon_names(job, spec)]
+    # One Deployment: per GPU x GPUs when each server owns a GPU (cuda without MPS).
+    return [(names(job)["servers"], replicas * spec.gpu_count)]
+
+
+def _group_labels(d: dict[str, str], g: int | None) -> dict[str, str]:
+    return d if g is None else {**d, GPU_INDEX: str(g)}
+
+
+def _mps_host_dir(job: JobRef, g: int | None = None) -> str:
+    return in_group(f"{MPS_HOST_ROOT}/{job.namespace}-{job.name}", g)
+
+
+def _mps_client_parts(job: JobRef, g: int | None = None) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    vol = {"name": "mps", "hostPath": {"path": _mps_host_dir(job, g), "type": "DirectoryOrCreate"}}
     mount = {"name": "mps", "mountPath": "/mps"}
     env = [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/mps/pipe"},
            {"name": "CUDA_MPS_LOG_DIRECTORY", "value": "/mps/log"},
@@ -187,9 +226,9 @@ def _mps_client_parts(job: JobRef) -> tuple[dict[str, Any], dict[str, Any], list
     return vol, mount, env
 
 
-def _follow_daemon(job: JobRef) -> dict[str, Any]:
+def _follow_daemon(job: JobRef, g: int | None = None) -> dict[str, Any]:
     return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
-        "labelSelector": {"matchLabels": selector(job.name, "mps-daemon")},
+        "labelSelector": {"matchLabels": _group_labels(selector(job.name, "mps-daemon"), g)},
         "topologyKey": "kubernetes.io/hostname"}]}}
 
 
@@ -215,9 +254,9 @@ def plan(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE) -> list[d
     objs.append({"apiVersion": "v1", "kind": "ConfigMap",
                  "metadata": _meta(job, spec.output.config_map or n["result"], "result"), "data": {}})
     if spec.uses_mps:
-        objs.append(_mps_daemon(job, spec, image))
+        objs += [_mps_daemon(job, spec, image, g) for g in gpu_groups(spec)]
     objs += _tracker(job, spec, image)
-    objs.append(_servers(job, spec, image))
+    objs += [_servers(job, spec, image, g) for g in gpu_groups(spec)]
     objs.append(_clients(job, spec, image))
     return objs
 
@@ -240,8 +279,8 @@ def _rbac(job: JobRef, spec: TuningJobSpec) -> list[dict[str, Any]]:
     ]
 
 
-def _mps_daemon(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
-    vol, mount, env = _mps_client_parts(job)
+def _mps_daemon(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None) -> dict[str, Any]:
+    vol, mount, env = _mps_client_parts(job, g)
     args = ["mps-daemon", "--pipe-dir", "/mps/pipe", "--log-dir", "/mps/log",
             "--thread-percentage", str(spec.servers.thread_percentage), "--metrics-port", str(METRICS_PORT)]
     if spec.servers.pinned_memory_limit:
@@ -252,7 +291,9 @@ def _mps_daemon(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
     c = _container(spec, image, "mps-daemon", args, env=[e for e in env if e["name"] != "NVIDIA_VISIBLE_DEVICES"],
                    resources={"limits": {"nvidia.com/gpu": "1"}}, security=root, mounts=[mount])
     c["readinessProbe"] = {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 5}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": _meta(job, names(job.name)["mps"], "mps-daemon"),
+    meta = _meta(job, in_group(names(job.name)["mps"], g), "mps-daemon")
+    meta["labels"] = _group_labels(meta["labels"], g)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
             "spec": _pod_spec(spec, [c], volumes=[vol], gpu_placement=True, hostIPC=True,
                               restartPolicy="Always", terminationGracePeriodSeconds=30)}
 
@@ -273,7 +314,7 @@ def _tracker(job: JobRef, spec: TuningJobSpec, image: str) -> list[dict[str, Any
     return [dep, svc]
 
 
-def _servers(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
+def _servers(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None) -> dict[str, Any]:
     n = names(job.name)
     args = ["server", "--tracker", f"{n['tracker']}:{TRACKER_PORT}", "--key", job.name,
             "--port", str(SERVER_PORT), "--port-end", str(SERVER_PORT + 1), "--metrics-port", str(METRICS_PORT)]
@@ -281,7 +322,7 @@ def _servers(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
     volumes, mounts, extra = [], [], {}
     resources = copy.deepcopy(spec.raw.get("servers", {}).get("resources") or {})
     if spec.uses_mps:
-        vol, mount, mps_env = _mps_client_parts(job)
+        vol, mount, mps_env = _mps_client_parts(job, g)
         volumes, mounts = [vol], [mount]
         env += mps_env
         env.append({"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": str(spec.servers.thread_percentage)})
@@ -290,7 +331,7 @@ def _servers(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
         args += ["--thread-percentage", str(spec.servers.thread_percentage)]
         if spec.servers.pinned_memory_limit:
             args += ["--pinned-memory-limit", spec.servers.pinned_memory_limit]
-        extra = {"hostIPC": True, "affinity": _follow_daemon(job)}
+        extra = {"hostIPC": True, "affinity": _follow_daemon(job, g)}
     elif spec.target == "cuda":
         # No MPS: the stock way, each server owns a whole GPU.
         resources.setdefault("limits", {})["nvidia.com/gpu"] = "1"
@@ -298,11 +339,15 @@ def _servers(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
     c["ports"].append({"name": "rpc", "containerPort": SERVER_PORT})
     pod = _pod_spec(spec, [c], volumes=volumes, gpu_placement=spec.target == "cuda" and not spec.uses_mps, **extra)
     if spec.uses_mps and spec.raw.get("affinity"):
-        pod["affinity"] = {**copy.deepcopy(spec.raw["affinity"]), **_follow_daemon(job)}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(job, n["servers"], "server"),
-            "spec": {"replicas": spec.servers.replicas,
-                     "selector": {"matchLabels": selector(job.name, "server")},
-                     "template": {"metadata": {"labels": labels(job.name, "server")}, "spec": pod}}}
+        pod["affinity"] = {**copy.deepcopy(spec.raw["affinity"]), **_follow_daemon(job, g)}
+    name, replicas = next((d, r) for d, r in servers_scale(job.name, spec, spec.servers.replicas)
+                          if d == in_group(n["servers"], g))
+    meta = _meta(job, name, "server")
+    meta["labels"] = _group_labels(meta["labels"], g)
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
+            "spec": {"replicas": replicas,
+                     "selector": {"matchLabels": _group_labels(selector(job.name, "server"), g)},
+                     "template": {"metadata": {"labels": _group_labels(labels(job.name, "server"), g)}, "spec": pod}}}
 
 
 def _clients(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
@@ -310,7 +355,7 @@ def _clients(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
     vol, mount = _job_spec_volume(job)
     args = ["client", "--job", "/etc/sharetune/job.yaml", "--work-dir", "/work/shard",
             "--tracker", f"{n['tracker']}:{TRACKER_PORT}", "--key", job.name,
-            "--servers", str(spec.servers.replicas), "--store", store_uri(job, spec),
+            "--servers", str(spec.total_servers), "--store", store_uri(job, spec),
             "--metrics-port", str(METRICS_PORT)]
     if spec.output.s3 is not None:  # progress still goes to the shard's ConfigMap
         args += ["--progress", f"configmap://{job.namespace}/{job.name}"]

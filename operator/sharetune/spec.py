@@ -88,12 +88,23 @@ class TuningJobSpec:
     servers: ServerSpec = field(default_factory=ServerSpec)
     shards: int = 2
     mps: bool = False
+    gpus: int = 1  # GPUs the job's servers spread over: one MPS daemon and servers.replicas servers each
     cost_model: str = "xgb"
     seed: int = 0
     builder_workers: int | None = None  # per client; None = the client's CPU count
     backoff_limit_per_index: int = 3
     output: OutputSpec = field(default_factory=OutputSpec)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs the servers use: ``gpus`` for a GPU target, none on the CPU."""
+        return self.gpus if self.target == "cuda" else 1
+
+    @property
+    def total_servers(self) -> int:
+        """Servers the clients share through the tracker: ``servers.replicas`` per GPU."""
+        return self.servers.replicas * self.gpu_count
 
     @property
     def uses_mps(self) -> bool:
@@ -212,6 +223,7 @@ def parse_spec(name: str, spec: dict[str, Any]) -> TuningJobSpec:
         target=target, trials=trials, servers=servers,
         shards=_int_in(c, "shards", 2, 1, 1024, "spec.clients"),
         mps=bool(_get(g, "mps", bool, True, "spec.gpuSharing")),
+        gpus=_int_in(g, "gpus", 1, 1, 16, "spec.gpuSharing"),
         cost_model=cost, seed=_int_in(spec, "seed", 0, 0, 2**31 - 1, "spec"),
         builder_workers=workers,
         backoff_limit_per_index=_int_in(c, "backoffLimitPerIndex", 3, 0, 100, "spec.clients"),

@@ -119,3 +119,49 @@ def test_onnx_models_from_a_configmap_or_pvc_are_mounted_for_clients_and_merge()
     # A zoo model mounts nothing.
     z = parse_spec("tj", {"model": {"name": "resnet18"}})
     assert "model" not in {v["name"] for v in pod_spec(plan_merge(JOB, z))["volumes"]}
+
+
+def test_multi_gpu_job_has_a_daemon_and_a_server_group_per_gpu() -> None:
+    from sharetune.planner import GPU_INDEX, daemon_names, servers_scale
+
+    s = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda",
+                          "gpuSharing": {"gpus": 3}, "servers": {"replicas": 4, "threadPercentage": 25}})
+    k = by_kind(plan(JOB, s))
+    daemons = {p["metadata"]["name"]: p for p in k["Pod"]}
+    assert sorted(daemons) == ["tj-mps-0", "tj-mps-1", "tj-mps-2"]
+    servers = {d["metadata"]["name"]: d for d in k["Deployment"] if d["metadata"]["labels"]["app.kubernetes.io/component"] == "server"}
+    assert sorted(servers) == ["tj-servers-0", "tj-servers-1", "tj-servers-2"]
+    host_dirs = set()
+    for g in range(3):
+        daemon, srv = daemons[f"tj-mps-{g}"], servers[f"tj-servers-{g}"]
+        assert daemon["metadata"]["labels"][GPU_INDEX] == str(g)
+        assert containers(daemon)[0]["resources"] == {"limits": {"nvidia.com/gpu": "1"}}  # one GPU each
+        assert srv["spec"]["replicas"] == 4  # servers.replicas per GPU
+        # The group's servers follow their own daemon (same node, same pipe directory) ...
+        term = pod_spec(srv)["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+        assert term["labelSelector"]["matchLabels"][GPU_INDEX] == str(g)
+        d_dir = next(v for v in pod_spec(daemon)["volumes"] if v["name"] == "mps")["hostPath"]["path"]
+        s_dir = next(v for v in pod_spec(srv)["volumes"] if v["name"] == "mps")["hostPath"]["path"]
+        assert d_dir == s_dir and d_dir.endswith(f"-{g}")
+        host_dirs.add(d_dir)
+        # ... and select only their own pods (no two Deployments fight over one pod).
+        assert srv["spec"]["selector"]["matchLabels"][GPU_INDEX] == str(g)
+        env = {e["name"]: e.get("value") for e in containers(srv)[0]["env"]}
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+        # NVLink multicast stays off in every GPU process.
+        assert env["NCCL_NVLS_ENABLE"] == "0" and env["NVSHMEM_DISABLE_NVLS"] == "1"
+        assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    assert len(host_dirs) == 3
+    # All clients share all 12 servers through the job's one tracker key.
+    args = containers(k["Job"][0])[0]["args"]
+    assert args[args.index("--servers") + 1] == "12" and args[args.index("--key") + 1] == "tj"
+    assert [n for _, n, _ in daemon_names("tj", s)] == ["tj-mps-0", "tj-mps-1", "tj-mps-2"]
+    assert servers_scale("tj", s, 6) == [("tj-servers-0", 6), ("tj-servers-1", 6), ("tj-servers-2", 6)]
+    # Without MPS each server owns a GPU: one Deployment of replicas x GPUs.
+    nomps = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda", "gpuSharing": {"gpus": 2, "mps": False}})
+    assert servers_scale("tj", nomps, 3) == [("tj-servers", 6)]
+    # One GPU keeps the plain names; a CPU job ignores gpus.
+    one = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda"})
+    assert [(g, d, v) for g, d, v in daemon_names("tj", one)] == [(None, "tj-mps", "tj-servers")]
+    cpu = parse_spec("tj", {"model": {"name": "resnet18"}, "gpuSharing": {"gpus": 4}})
+    assert cpu.total_servers == cpu.servers.replicas and "Pod" not in by_kind(plan(JOB, cpu))

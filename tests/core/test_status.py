@@ -51,21 +51,18 @@ def test_progress_fields() -> None:
 
 
 def test_mps_recovery_replaces_a_dead_daemon_and_restarts_its_servers() -> None:
-    from sharetune.controller.status import mps_recovery
+    from sharetune.controller.status import DaemonView, mps_recovery
 
-    def obs(state: str, restarts: int = 0) -> Observed:
-        return Observed(shards=[], daemon_state=state, daemon_restarts=restarts)
-
-    assert mps_recovery(obs("running"), "Running", 0) == (False, False)
-    assert mps_recovery(obs("pending"), "Pending", 0) == (False, False)  # e.g. waiting for a GPU
-    assert mps_recovery(obs("failed"), "Running", 0) == (True, True)
-    assert mps_recovery(obs("absent"), "Pending", 0) == (True, True)  # deleted by someone
+    assert mps_recovery(DaemonView("running"), "Running", 0) == (False, False)
+    assert mps_recovery(DaemonView("pending"), "Pending", 0) == (False, False)  # e.g. waiting for a GPU
+    assert mps_recovery(DaemonView("failed"), "Running", 0) == (True, True)
+    assert mps_recovery(DaemonView("absent"), "Pending", 0) == (True, True)  # deleted by someone
     # An in-place restart by the kubelet: the pod stays, the servers' contexts are dead.
-    assert mps_recovery(obs("running", restarts=1), "Running", 0) == (False, True)
-    assert mps_recovery(obs("running", restarts=1), "Running", 1) == (False, False)  # already answered
+    assert mps_recovery(DaemonView("running", restarts=1), "Running", 0) == (False, True)
+    assert mps_recovery(DaemonView("running", restarts=1), "Running", 1) == (False, False)  # already answered
     # Once merging or done, a dead daemon changes nothing.
     for phase in ("Merging", "Succeeded", "Failed"):
-        assert mps_recovery(obs("failed"), phase, 0) == (False, False)
+        assert mps_recovery(DaemonView("failed"), phase, 0) == (False, False)
 
 
 def test_pending_says_why_pods_cannot_start() -> None:

@@ -21,6 +21,11 @@ from sharetune.procs import free_port, stop_group
 from .client import PROGRESS
 
 
+def in_group(name: str, g: int | None) -> str:
+    """Process name within a GPU group (as the operator names pods: ``<name>-<gpu>``)."""
+    return name if g is None else f"{name}-{g}"
+
+
 @dataclass
 class Proc:
     name: str
@@ -69,10 +74,37 @@ class LocalRun:
 
     # ---- processes ---------------------------------------------------------------------------
     def _base_env(self) -> dict[str, str]:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        from sharetune.gpuenv import NO_MULTICAST
+
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **NO_MULTICAST}
+        if self.spec.uses_mps:  # the first GPU's daemon: the merge measures there
+            env.update(self.mps_env(self.gpu_groups()[0]))
+        return env
+
+    # ---- GPUs: one MPS daemon and servers.replicas servers per GPU ------------------------------
+    def gpu_groups(self) -> list[int | None]:
+        """GPU indices to spread the servers over; ``None`` = one GPU, plain names and paths."""
+        return list(range(self.spec.gpus)) if self.spec.target == "cuda" and self.spec.gpus > 1 else [None]
+
+    def mps_dir(self, g: int | None) -> Path:
+        return self.workdir / ("mps" if g is None else f"mps-{g}")
+
+    def mps_env(self, g: int | None) -> dict[str, str]:
+        return {"CUDA_MPS_PIPE_DIRECTORY": str(self.mps_dir(g) / "pipe"),
+                "CUDA_MPS_LOG_DIRECTORY": str(self.mps_dir(g) / "log")}
+
+    def server_env(self, g: int | None) -> dict[str, str]:
+        env = self._base_env()
         if self.spec.uses_mps:
-            env["CUDA_MPS_PIPE_DIRECTORY"] = str(self.workdir / "mps" / "pipe")
-            env["CUDA_MPS_LOG_DIRECTORY"] = str(self.workdir / "mps" / "log")
+            env.update(self.mps_env(g))  # the GPU is the daemon's: device 0 of its MPS server
+        elif g is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(g)  # no MPS: the server owns its GPU
+        return env
+
+    def daemon_env(self, g: int | None) -> dict[str, str]:
+        env = {**self._base_env(), **self.mps_env(g)}
+        if g is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(g)
         return env
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
@@ -87,28 +119,32 @@ class LocalRun:
         return self.workdir / "shards" / f"shard-{i}"
 
     def start_services(self) -> None:
+        groups = self.gpu_groups()
         if self.spec.uses_mps:
             pct = self.spec.servers.thread_percentage
-            self._spawn("mps-daemon", ["mps-daemon", "--pipe-dir", str(self.workdir / "mps" / "pipe"),
-                                       "--log-dir", str(self.workdir / "mps" / "log"),
-                                       "--thread-percentage", str(pct)])
+            for g in groups:
+                self._spawn(in_group("mps-daemon", g), ["mps-daemon", "--pipe-dir", str(self.mps_dir(g) / "pipe"),
+                                                        "--log-dir", str(self.mps_dir(g) / "log"),
+                                                        "--thread-percentage", str(pct)], self.daemon_env(g))
             time.sleep(2)
         self._spawn("tracker", ["tracker", "--host", "127.0.0.1", "--port", str(self.tracker_port)])
         time.sleep(1.0)
-        for i in range(self.spec.servers.replicas):
-            args = ["server", "--tracker", f"127.0.0.1:{self.tracker_port}", "--key", self.key,
-                    "--host", "127.0.0.1", "--port", str(9100 + 20 * i), "--port-end", str(9100 + 20 * i + 19),
-                    "--name", f"server-{i}"]
-            if self.spec.target == "cuda":
-                args += ["--thread-percentage", str(self.spec.servers.thread_percentage)]
-                if self.spec.servers.pinned_memory_limit:
-                    args += ["--pinned-memory-limit", self.spec.servers.pinned_memory_limit]
-            self._spawn(f"server-{i}", args)
+        for g in groups:
+            for j in range(self.spec.servers.replicas):
+                name = in_group("server", g) + f"-{j}"
+                port = free_port()
+                args = ["server", "--tracker", f"127.0.0.1:{self.tracker_port}", "--key", self.key,
+                        "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 19), "--name", name]
+                if self.spec.target == "cuda":
+                    args += ["--thread-percentage", str(self.spec.servers.thread_percentage)]
+                    if self.spec.servers.pinned_memory_limit:
+                        args += ["--pinned-memory-limit", self.spec.servers.pinned_memory_limit]
+                self._spawn(name, args, self.server_env(g))
 
     def client_args(self, i: int) -> list[str]:
         # With at least one server per client, each client keeps sessions open on its share of
         # the servers (runner.SessionRPCRunner); otherwise clients take turns, a session per trial.
-        replicas, shards = self.spec.servers.replicas, self.spec.shards
+        replicas, shards = self.spec.servers.replicas * len(self.gpu_groups()), self.spec.shards
         runner = ["--servers", str(replicas // shards), "--session-runner"] if replicas >= shards \
             else ["--servers", str(replicas)]
         return ["client", "--job", str(self.job_path), "--shard", str(i), "--shards", str(shards),

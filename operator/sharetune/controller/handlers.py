@@ -22,10 +22,12 @@ from typing import Any
 import kopf
 from kubernetes import client, config
 
-from ..planner import DEFAULT_IMAGE, JobRef, names, plan, plan_merge, result_location, shard_object
+from ..planner import (DEFAULT_IMAGE, JobRef, daemon_names, names, plan, plan_merge, result_location, servers_scale,
+                       shard_object)
 from ..spec import API_GROUP, API_VERSION, SpecError, TuningJobSpec, parse_spec
 from . import kube, metrics
-from .status import (FAILED, FINAL, MERGING, PENDING, RUNNING, SUCCEEDED, Observed, ShardView, condition, mps_recovery,
+from .status import (FAILED, FINAL, MERGING, PENDING, RUNNING, SUCCEEDED, DaemonView, Observed, ShardView, condition,
+                     mps_recovery,
                      next_phase, now, progress_fields)
 
 PLURAL = "tuningjobs"
@@ -172,8 +174,13 @@ def ensure_children(body: Any, name: str, namespace: str, uid: str, spec: Any, s
 def scale(name: str, namespace: str, new: Any, old: Any, body: Any, status: Any, **_: Any) -> None:
     if old is None or new is None or status.get("phase") in FINAL:
         return
-    kube.scale_servers(api(), namespace, names(name)["servers"], int(new))
-    event(body, "Normal", "Scaled", f"servers scaled from {old} to {new}")
+    try:
+        s = parse_spec(name, dict(body.get("spec") or {}))
+    except SpecError:
+        return
+    for deployment, replicas in servers_scale(name, s, int(new)):
+        kube.scale_servers(api(), namespace, deployment, replicas)
+    event(body, "Normal", "Scaled", f"servers scaled from {old} to {new}" + (f" per GPU ({s.gpus} GPUs)" if s.gpus > 1 else ""))
 
 
 @dataclass
@@ -259,16 +266,17 @@ def observe(job: JobRef, s: TuningJobSpec, snap: Snapshot) -> Observed:
         cm = snap.configmaps.get((ns, s.output.config_map or n["result"]))
         text = (cm.data or {}).get("summary.json") if cm else None
         obs.summary = json.loads(text) if text else None
-    if s.uses_mps:
-        pod = snap.daemons.get((ns, n["mps"]))
+    for g, daemon_name, _ in daemon_names(job.name, s) if s.uses_mps else []:
+        pod = snap.daemons.get((ns, daemon_name))
+        view = obs.daemons.setdefault(str(g or 0), DaemonView())
         for c in (pod.status.conditions or []) if pod and pod.status else []:
             if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
                 obs.daemon_unschedulable = c.message
         if pod is not None:
             phase = pod.status.phase if pod.status else None
             ended = phase in ("Failed", "Succeeded") or pod.metadata.deletion_timestamp is not None
-            obs.daemon_state = "failed" if ended else ("running" if phase == "Running" else "pending")
-            obs.daemon_restarts = sum(c.restart_count or 0 for c in (pod.status.container_statuses or []))
+            view.state = "failed" if ended else ("running" if phase == "Running" else "pending")
+            view.restarts = sum(c.restart_count or 0 for c in (pod.status.container_statuses or []))
     for (pns, _), pod in snap.pending_pods.items():
         if pns == ns and (pod.metadata.labels or {}).get("sharetune.io/job") == job.name:
             why = _unschedulable(pod)
@@ -281,26 +289,32 @@ def observe(job: JobRef, s: TuningJobSpec, snap: Snapshot) -> Observed:
 
 
 def recover_mps_daemon(body: dict[str, Any], job: JobRef, s: TuningJobSpec, obs: Observed, patch: kopf.Patch) -> None:
+    """Per GPU group: a dead daemon is replaced, and its servers restarted against the new one."""
     status = body.get("status") or {}
-    seen = int(status.get("mpsDaemonRestarts", 0))
-    recreate, restart_servers = mps_recovery(obs, status.get("phase"), seen)
-    n = names(job.name)
-    if recreate:
-        core = client.CoreV1Api(api())
-        if obs.daemon_state == "failed":
-            kube.read_or_none(core.delete_namespaced_pod, n["mps"], job.namespace)
-        daemon = next(o for o in plan(job, s, image()) if o["kind"] == "Pod")
-        if not kube.create(api(), daemon):
-            return  # the old pod is still being deleted: try again next tick
-        metrics.CHILDREN.labels("Pod").inc()
-    if restart_servers:
-        kube.restart_deployment(api(), job.namespace, n["servers"])
-        # Restarts of the current daemon pod already answered (a new pod starts from 0).
-        patch.status["mpsDaemonRestarts"] = 0 if recreate else obs.daemon_restarts
-        patch.status["mpsRecoveries"] = int(status.get("mpsRecoveries", 0)) + 1
-        event(body, "Warning", "MpsDaemonRestarted",
-              "MPS control daemon " + ("replaced" if recreate else "restarted in place")
-              + "; tuning servers restarted against it")
+    seen_by_gpu = dict(status.get("mpsDaemonRestartsByGpu") or {})
+    daemons = {o["metadata"]["name"]: o for o in plan(job, s, image()) if o["kind"] == "Pod"}
+    recovered = 0
+    for g, daemon_name, servers_name in daemon_names(job.name, s):
+        key = str(g or 0)
+        view = obs.daemons.get(key, DaemonView())
+        recreate, restart_servers = mps_recovery(view, status.get("phase"), int(seen_by_gpu.get(key, 0)))
+        if recreate:
+            if view.state == "failed":
+                kube.read_or_none(client.CoreV1Api(api()).delete_namespaced_pod, daemon_name, job.namespace)
+            if not kube.create(api(), daemons[daemon_name]):
+                continue  # the old pod is still being deleted: try again next tick
+            metrics.CHILDREN.labels("Pod").inc()
+        if restart_servers:
+            kube.restart_deployment(api(), job.namespace, servers_name)
+            # Restarts of the current daemon pod already answered (a new pod starts from 0).
+            seen_by_gpu[key] = 0 if recreate else view.restarts
+            recovered += 1
+            event(body, "Warning", "MpsDaemonRestarted",
+                  f"MPS control daemon {daemon_name} " + ("replaced" if recreate else "restarted in place")
+                  + f"; tuning servers {servers_name} restarted against it")
+    if recovered:
+        patch.status["mpsDaemonRestartsByGpu"] = seen_by_gpu
+        patch.status["mpsRecoveries"] = int(status.get("mpsRecoveries", 0)) + recovered
 
 
 # Status is refreshed by one operator-wide loop rather than a kopf timer per job: kopf puts a

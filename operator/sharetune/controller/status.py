@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 PENDING, RUNNING, MERGING, SUCCEEDED, FAILED = "Pending", "Running", "Merging", "Succeeded", "Failed"
@@ -74,11 +74,16 @@ class Observed:
     daemon_unschedulable: str | None = None  # the scheduler's message
     unschedulable: str | None = None  # "<component>: <scheduler's message>" of another pod of the job
     secret_problem: str | None = None  # the S3 credentials Secret is missing or lacks a key
-    daemon_state: str = "absent"  # "absent" | "running" | "failed" (pod ended or deleted) | "pending"
-    daemon_restarts: int = 0  # container restarts the kubelet did in place
+    daemons: dict[str, "DaemonView"] = field(default_factory=dict)  # by GPU group ("0", "1", ...)
 
 
-def mps_recovery(obs: Observed, phase: str | None, seen_restarts: int) -> tuple[bool, bool]:
+@dataclass
+class DaemonView:
+    state: str = "absent"  # "absent" | "running" | "failed" (pod ended or deleted) | "pending"
+    restarts: int = 0  # container restarts the kubelet did in place
+
+
+def mps_recovery(daemon: DaemonView, phase: str | None, seen_restarts: int) -> tuple[bool, bool]:
     """What an MPS daemon fault needs: (recreate the daemon pod, restart the servers).
 
     The servers' CUDA contexts live inside the daemon's MPS server: when the daemon dies, in-place
@@ -87,8 +92,8 @@ def mps_recovery(obs: Observed, phase: str | None, seen_restarts: int) -> tuple[
     anyone else, so a failed or missing one is the operator's to replace."""
     if phase not in (PENDING, RUNNING):
         return False, False
-    recreate = obs.daemon_state in ("absent", "failed")
-    return recreate, recreate or obs.daemon_restarts > seen_restarts
+    recreate = daemon.state in ("absent", "failed")
+    return recreate, recreate or daemon.restarts > seen_restarts
 
 
 def progress_fields(obs: Observed, started: str | None) -> dict[str, Any]:

@@ -1,0 +1,62 @@
+"""Local mode on a multi-GPU host: which processes it starts, with which GPU environment (the
+processes themselves need GPUs: bench/multi_gpu.py runs them on a lent multi-GPU machine)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sharetune.spec import parse_spec
+from sharetune_tuner.local import LocalRun
+
+
+def planned(spec: dict[str, Any], tmp_path: Path) -> tuple[LocalRun, list[tuple[str, list[str], dict[str, str]]]]:
+    run = LocalRun(parse_spec("j", spec), tmp_path / "job.yaml", tmp_path / "run")
+    calls: list[tuple[str, list[str], dict[str, str]]] = []
+    run._spawn = lambda name, args, env=None: calls.append((name, args, env or run._base_env()))  # type: ignore[method-assign]
+    import sharetune_tuner.local as local
+
+    sleep, local.time.sleep = local.time.sleep, lambda s: None
+    try:
+        run.start_services()
+    finally:
+        local.time.sleep = sleep
+    return run, calls
+
+
+def test_two_gpus_get_a_daemon_each_and_their_own_servers(tmp_path: Path) -> None:
+    run, calls = planned({"model": {"name": "tiny_cnn"}, "target": "cuda", "gpuSharing": {"gpus": 2},
+                          "servers": {"replicas": 3, "threadPercentage": 30}, "clients": {"shards": 2}}, tmp_path)
+    names = [c[0] for c in calls]
+    assert names == ["mps-daemon-0", "mps-daemon-1", "tracker", "server-0-0", "server-0-1", "server-0-2",
+                     "server-1-0", "server-1-1", "server-1-2"]
+    env = {c[0]: c[2] for c in calls}
+    for g in (0, 1):
+        daemon = env[f"mps-daemon-{g}"]
+        assert daemon["CUDA_VISIBLE_DEVICES"] == str(g)  # the daemon's MPS server runs on GPU g
+        for j in range(3):
+            srv = env[f"server-{g}-{j}"]
+            assert srv["CUDA_MPS_PIPE_DIRECTORY"] == daemon["CUDA_MPS_PIPE_DIRECTORY"]  # under GPU g's daemon
+            # Not pinned: an MPS client sees its daemon's GPU as device 0.
+            assert srv.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
+            assert srv["NCCL_NVLS_ENABLE"] == "0" and srv["NVSHMEM_DISABLE_NVLS"] == "1"
+    assert env["mps-daemon-0"]["CUDA_MPS_PIPE_DIRECTORY"] != env["mps-daemon-1"]["CUDA_MPS_PIPE_DIRECTORY"]
+    # Both clients share all six servers through the one tracker key, a session per server.
+    args = run.client_args(0)
+    assert args[args.index("--servers") + 1] == "3" and args[args.index("--key") + 1] == run.key
+
+
+def test_two_gpus_without_mps_pin_each_server_to_its_gpu(tmp_path: Path) -> None:
+    _, calls = planned({"model": {"name": "tiny_cnn"}, "target": "cuda", "gpuSharing": {"gpus": 2, "mps": False},
+                        "servers": {"replicas": 1}}, tmp_path)
+    env = {c[0]: c[2] for c in calls}
+    assert [n for n in env] == ["tracker", "server-0-0", "server-1-0"]
+    assert env["server-0-0"]["CUDA_VISIBLE_DEVICES"] == "0" and env["server-1-0"]["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_cpu_and_single_gpu_layouts_are_unchanged(tmp_path: Path) -> None:
+    _, calls = planned({"model": {"name": "tiny_cnn"}, "servers": {"replicas": 2}, "gpuSharing": {"gpus": 4}}, tmp_path)
+    assert [c[0] for c in calls] == ["tracker", "server-0", "server-1"]
+    _, calls = planned({"model": {"name": "tiny_cnn"}, "target": "cuda", "servers": {"replicas": 2}}, tmp_path / "g")
+    assert [c[0] for c in calls] == ["mps-daemon", "tracker", "server-0", "server-1"]
