@@ -1,6 +1,6 @@
 """End to end on a real node: real pods, Services, DNS; the chart's operator as a real pod tunes the
-example CPU TuningJob through real tracker/server/client/merge pods, surviving a killed client pod
-and a killed operator pod; `helm test` passes."""
+example CPU TuningJob through real tracker/server/client/merge pods, surviving a killed client pod,
+a killed server pod and a killed operator pod; `helm test` passes."""
 
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ def test_tuningjob_succeeds_on_real_pods_despite_killed_pods(real) -> None:  # t
     kubectl(real, "apply", "-n", NAMESPACE, "-f", str(realrun.EXAMPLE))
     t0 = time.monotonic()
     killed: dict[str, str] = {}
+    at: list[float] = []  # when each kill happened: the next one comes 20 s later
 
     def faults(j):  # type: ignore[no-untyped-def]
         st = j.get("status") or {}
@@ -62,7 +63,16 @@ def test_tuningjob_succeeds_on_real_pods_despite_killed_pods(real) -> None:  # t
                 victim = clients[0]["metadata"]["name"]
                 kubectl(real, "delete", "pod", "-n", NAMESPACE, victim, "--grace-period=0", "--force")
                 killed["client"] = victim
-        elif "client" in killed and "operator" not in killed:
+                at.append(time.monotonic())
+        elif "client" in killed and "server" not in killed and time.monotonic() - at[-1] > 20:
+            servers = [p for p in realrun.pods(real, selector=f"sharetune.io/job={name},app.kubernetes.io/component=server")
+                       if p["status"]["phase"] == "Running"]
+            if servers:
+                victim = servers[0]["metadata"]["name"]
+                kubectl(real, "delete", "pod", "-n", NAMESPACE, victim, "--grace-period=0", "--force")
+                killed["server"] = victim
+                at.append(time.monotonic())
+        elif "server" in killed and "operator" not in killed and time.monotonic() - at[-1] > 20:
             ops = realrun.pods(real, selector=OPERATOR)
             if ops:
                 victim = ops[0]["metadata"]["name"]
@@ -73,7 +83,7 @@ def test_tuningjob_succeeds_on_real_pods_despite_killed_pods(real) -> None:  # t
     wall = time.monotonic() - t0
     st = j["status"]
     assert st["phase"] == "Succeeded", realrun.diagnostics(real)
-    assert set(killed) == {"client", "operator"}, killed
+    assert set(killed) == {"client", "server", "operator"}, killed
     assert st["trialsCompleted"] >= body["spec"]["trials"]["total"]
     assert st["trialsPerSecond"] > 0
     assert st["tunedLatencyMs"] > 0 and st["untunedLatencyMs"] > 0
