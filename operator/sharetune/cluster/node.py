@@ -655,3 +655,44 @@ class RealCluster:
     @property
     def kubeconfig(self) -> Path:
         return self.cluster.kubeconfig
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sharetune.cluster.node``: a real local cluster in the foreground (root) until
+    Ctrl-C/SIGTERM, then everything is stopped and the host state given back."""
+    import argparse
+    import signal
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m sharetune.cluster.node", description=main.__doc__)
+    p.add_argument("--install", action="store_true",
+                   help="also helm install the chart (operator as a pod, images never pulled)")
+    a = p.parse_args(argv)
+    stop = {"now": False}
+
+    def on_signal(*_: object) -> None:
+        stop["now"] = True
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        rc = RealCluster().start()
+    except ClusterError as e:
+        print(f"real cluster failed to start:\n{e}", file=sys.stderr)
+        return 1
+    try:
+        print(f"real node {rc.node.name if rc.node else ''} ready in {rc.timings['setup_s']:.1f}s "
+              f"(images {rc.timings.get('images_s', 0):.1f}s)", flush=True)
+        if a.install:
+            from . import realrun
+            print(f"chart installed in {realrun.helm_install(rc):.1f}s (namespace {realrun.NAMESPACE})", flush=True)
+        print(f"export KUBECONFIG={rc.kubeconfig}\nCtrl-C stops it.", flush=True)
+        while not stop["now"]:
+            time.sleep(0.5)
+    finally:
+        rc.stop()
+        print("stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
