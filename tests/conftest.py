@@ -58,8 +58,8 @@ def ns(k8s):  # type: ignore[no-untyped-def]
 CRD = Path(__file__).parents[1] / "crds" / "tuningjobs.sharetune.io.yaml"
 
 
-@pytest.fixture(scope="session")
-def crd(k8s) -> None:  # type: ignore[no-untyped-def]
+def install_crd(k8s: Any) -> None:
+    """Creates the TuningJob CRD (if missing) and waits until the API server serves it."""
     ext = client.ApiextensionsV1Api(k8s)
     body = yaml.safe_load(CRD.read_text())
     try:
@@ -70,6 +70,11 @@ def crd(k8s) -> None:  # type: ignore[no-untyped-def]
     _wait("CRD established", lambda: any(
         c.type == "Established" and c.status == "True"
         for c in (ext.read_custom_resource_definition(body["metadata"]["name"]).status.conditions or [])))
+
+
+@pytest.fixture(scope="session")
+def crd(k8s) -> None:  # type: ignore[no-untyped-def]
+    install_crd(k8s)
 
 
 class Operator:

@@ -32,16 +32,10 @@ def fault_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultEnv]:
     cluster = LocalCluster(nodes=[FakeNode("kwok-gpu-0", gpus=1), FakeNode("kwok-cpu-0", gpus=0)]).start()
     s3 = LocalS3().start()
     try:
-        from ..conftest import CRD, _wait
-        import yaml
-        from kubernetes import client
+        from ..conftest import install_crd
 
         k8s = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-        ext = client.ApiextensionsV1Api(k8s)
-        body = yaml.safe_load(CRD.read_text())
-        ext.create_custom_resource_definition(body)
-        _wait("CRD established", lambda: any(c.type == "Established" and c.status == "True" for c in
-                                             (ext.read_custom_resource_definition(body["metadata"]["name"]).status.conditions or [])))
+        install_crd(k8s)
         yield FaultEnv(cluster, k8s, s3, tmp_path_factory.mktemp("faults"))
     finally:
         s3.stop()

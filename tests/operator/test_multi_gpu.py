@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client, config
 
 from ..faults.scenarios import OperatorProcess
@@ -24,16 +23,12 @@ pytestmark = [pytest.mark.cluster]
 def two_gpu_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any, Path]]:
     from sharetune.cluster.harness import FakeNode, LocalCluster
 
-    from ..conftest import CRD
+    from ..conftest import install_crd
 
     cluster = LocalCluster(nodes=[FakeNode("gpu-a", gpus=1), FakeNode("gpu-b", gpus=1)]).start()
     try:
         k8s = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-        ext = client.ApiextensionsV1Api(k8s)
-        body = yaml.safe_load(CRD.read_text())
-        ext.create_custom_resource_definition(body)
-        wait_for("CRD", lambda: any(c.type == "Established" and c.status == "True" for c in
-                                    (ext.read_custom_resource_definition(body["metadata"]["name"]).status.conditions or [])))
+        install_crd(k8s)
         yield cluster, k8s, tmp_path_factory.mktemp("multi-gpu")
     finally:
         cluster.stop()

@@ -93,6 +93,15 @@ class Process:
         return "\n".join(text[-lines:])
 
 
+def failure_report(processes: list[Process], lines: int = 25) -> str:
+    """Each component's state and log tail: what a failed start or test shows."""
+    parts = []
+    for p in processes:
+        state = "running" if p.alive() else f"exited ({p.popen.returncode if p.popen else '?'})"
+        parts.append(f"----- {p.name} [{state}] {p.log} -----\n{p.tail(lines)}")
+    return "\n".join(parts)
+
+
 def _kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, user: str) -> None:
     doc = {
         "apiVersion": "v1", "kind": "Config", "current-context": "sharetune-local",
@@ -198,11 +207,7 @@ class LocalCluster:
         self.stop()
 
     def failure_report(self) -> str:
-        parts = []
-        for p in self.processes:
-            state = "running" if p.alive() else f"exited ({p.popen.returncode if p.popen else '?'})"
-            parts.append(f"----- {p.name} [{state}] {p.log} -----\n{p.tail()}")
-        return "\n".join(parts)
+        return failure_report(self.processes)
 
     # ---- API access without a client library (the harness must not need one) ------------------
     def _ssl(self) -> ssl.SSLContext:

@@ -50,7 +50,7 @@ from cryptography.hazmat.primitives import serialization
 
 from ..procs import free_port, stop_group
 from . import binaries
-from .harness import ClusterError, LocalCluster, Process, _kubeconfig
+from .harness import ClusterError, LocalCluster, Process, _kubeconfig, failure_report
 from .pki import _issue, _name, _write_cert, _write_key
 
 PAUSE_IMAGE = f"localhost/sharetune-pause:{binaries.PAUSE_VERSION}"
@@ -301,11 +301,7 @@ class RealNode:
         self.stop()
 
     def failure_report(self) -> str:
-        parts = []
-        for p in self.processes:
-            state = "running" if p.alive() else f"exited ({p.popen.returncode if p.popen else '?'})"
-            parts.append(f"----- {p.name} [{state}] {p.log} -----\n{p.tail(40)}")
-        return "\n".join(parts)
+        return failure_report(self.processes, 40)
 
     def crictl(self, *args: str) -> str:
         return _sh(str(binaries.path_of("crictl")), f"--runtime-endpoint=unix://{self.sock}", *args).stdout
