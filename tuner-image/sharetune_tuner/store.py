@@ -75,6 +75,13 @@ def _kube_core():  # type: ignore[no-untyped-def]
     return client.CoreV1Api()
 
 
+try:  # what the Kubernetes client raises when the API server cannot be reached at all
+    from urllib3.exceptions import HTTPError as _HTTPError
+except ImportError:  # pragma: no cover (urllib3 comes with the kubernetes client)
+    _HTTPError = OSError  # type: ignore[misc,assignment]
+_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (_HTTPError, OSError)
+
+
 class ConfigMapStore:
     """Objects live in ConfigMaps the operator created (the pods may only patch those)."""
 
@@ -110,6 +117,8 @@ class ConfigMapStore:
             if e.status == 422 and "Too long" in (e.body or ""):
                 raise OutputTooLarge(f"ConfigMap {cm} would pass the 1 MiB limit: {e.reason}") from None
             raise StoreError(f"cannot write ConfigMap {self.namespace}/{cm}: {e.status} {e.reason}") from None
+        except _TRANSPORT_ERRORS as e:  # API server unreachable (restarting): the caller retries
+            raise StoreError(f"cannot write ConfigMap {self.namespace}/{cm}: {type(e).__name__}") from None
 
     def put_text(self, name: str, key: str, text: str) -> None:
         self._patch(self.configmap(name), {"data": {key: text}})
@@ -123,6 +132,8 @@ class ConfigMapStore:
             if e.status == 404:
                 return None
             raise StoreError(f"cannot read ConfigMap {self.namespace}/{self.configmap(name)}: {e.status}") from None
+        except _TRANSPORT_ERRORS as e:
+            raise StoreError(f"cannot read ConfigMap {self.namespace}/{self.configmap(name)}: {type(e).__name__}") from None
         blob = (cm.binary_data or {}).get("data.tar.gz")
         return base64.b64decode(blob) if blob else None
 

@@ -97,8 +97,9 @@ class ShardSync:
                 return
             try:
                 self.sync()
-            except TunerError as e:
-                log.error("%s", e)
+            except Exception as e:  # the thread must outlive any error: the records stay on disk
+                self.failures += 1
+                log.error("shard upload: %s: %s", type(e).__name__, e)
 
     def start(self) -> "ShardSync":
         self._thread.start()
