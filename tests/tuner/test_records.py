@@ -79,3 +79,21 @@ def test_torn_last_line_is_repaired_and_earlier_records_survive(tmp_path: Path) 
     assert records.repair(d) == 40
     assert rec.read_bytes() == whole
     assert len(ms.database.JSONDatabase(work_dir=str(d)).get_all_tuning_records()) == 2
+
+
+def test_snapshot_of_a_live_database_is_consistent_and_writes_nothing(tmp_path: Path) -> None:
+    """What the shard sync uploads while TVM appends: complete lines only, every record's
+    workload present, and the live files untouched (cutting a line TVM is writing corrupted the
+    database once: the merge could not load it)."""
+    from sharetune_tuner.records import RECORDS, WORKLOADS, snapshot
+
+    wl = b'["h0", "ir0"]\n["h1", "ir1"]\n["h2", "i'  # a workload line being written
+    recs = (b'[0, [[], [1.0], "t", []]]\n[1, [[], [2.0], "t", []]]\n'
+            b'[2, [[], [3.0], "t", []]]\n'  # its workload line is not complete yet
+            b'[1, [[], [4.0')  # a torn record line
+    (tmp_path / WORKLOADS).write_bytes(wl)
+    (tmp_path / RECORDS).write_bytes(recs)
+    snap = snapshot(tmp_path)
+    assert snap[WORKLOADS] == b'["h0", "ir0"]\n["h1", "ir1"]\n'
+    assert snap[RECORDS] == b'[0, [[], [1.0], "t", []]]\n[1, [[], [2.0], "t", []]]\n'
+    assert (tmp_path / WORKLOADS).read_bytes() == wl and (tmp_path / RECORDS).read_bytes() == recs

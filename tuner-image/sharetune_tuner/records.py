@@ -24,14 +24,44 @@ def _complete_lines(path: Path) -> tuple[list[Any], int]:
     """Parsed JSON lines, and the byte length of the complete, valid prefix of the file."""
     if not path.exists():
         return [], 0
-    data = path.read_bytes()
-    out: list[Any] = []
-    good = 0
+    return _parse_prefix(path.read_bytes())
+
+
+def snapshot(db_dir: Path) -> dict[str, bytes]:
+    """A consistent copy of a database that TVM may be appending to right now, without writing
+    to it (cutting a live file would corrupt the line TVM is writing): records are read first,
+    then workloads, so every record's workload line is in the copy; a torn last line and records
+    whose workload line is not there yet are left for the next snapshot."""
+    recs_path, wls_path = db_dir / RECORDS, db_dir / WORKLOADS
+    rec_data = recs_path.read_bytes() if recs_path.exists() else b""
+    wl_data = wls_path.read_bytes() if wls_path.exists() else b""
+    workloads, wl_good = _parse_prefix(wl_data)
+    out = bytearray()
     pos = 0
+    while pos < len(rec_data):
+        nl = rec_data.find(b"\n", pos)
+        if nl < 0:
+            break
+        line = rec_data[pos:nl]
+        if line.strip():
+            try:
+                idx = json.loads(line)[0]
+            except (ValueError, IndexError, TypeError, KeyError):
+                break
+            if not isinstance(idx, int) or not 0 <= idx < len(workloads):
+                break
+            out += rec_data[pos:nl + 1]
+        pos = nl + 1
+    return {WORKLOADS: wl_data[:wl_good], RECORDS: bytes(out)}
+
+
+def _parse_prefix(data: bytes) -> tuple[list[Any], int]:
+    out: list[Any] = []
+    good = pos = 0
     while pos < len(data):
         nl = data.find(b"\n", pos)
         if nl < 0:
-            break  # a last line without newline: the writer died mid-line
+            break
         line = data[pos:nl]
         if line.strip():
             try:

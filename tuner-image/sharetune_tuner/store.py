@@ -14,6 +14,7 @@ import base64
 import io
 import os
 import tarfile
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -46,6 +47,17 @@ def pack(directory: Path, names: list[str] | None = None) -> bytes:
             rel = p.relative_to(directory)
             if p.is_file() and (names is None or str(rel) in names or rel.parts[0] in names):
                 tar.add(p, arcname=str(rel))
+    return buf.getvalue()
+
+
+def pack_bytes(files: dict[str, bytes]) -> bytes:
+    """A tar.gz of in-memory files (a snapshot taken without touching the files themselves)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
+            tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import records
 from .client import PROGRESS
-from .store import ConfigMapStore, S3Store, TunerError, pack, unpack
+from .store import ConfigMapStore, S3Store, TunerError, pack_bytes, unpack
 
 log = logging.getLogger("sharetune.sync")
 LOG = "client.log"  # the client's own log, stored with its records (pod logs outlive the pod)
@@ -64,9 +64,13 @@ class ShardSync:
         digest = self._digest()
         if digest == self._last:
             return True
-        records.repair(self.work_dir)  # never upload a torn last line
-        progress_text = (self.work_dir / PROGRESS).read_text() if (self.work_dir / PROGRESS).exists() else "{}"
-        data = pack(self.work_dir, FILES)
+        # A snapshot, never a repair: TVM may be appending to these files right now.
+        files = records.snapshot(self.work_dir)
+        for name in (PROGRESS, LOG):
+            if (self.work_dir / name).exists():
+                files[name] = (self.work_dir / name).read_bytes()
+        progress_text = files.get(PROGRESS, b"{}").decode(errors="replace")
+        data = pack_bytes(files)
         try:
             if isinstance(self.store, ConfigMapStore):
                 self.store.put(self.name, data, extra={"progress.json": progress_text})
