@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,39 +38,42 @@ def snapshot(db_dir: Path) -> dict[str, bytes]:
     wl_data = wls_path.read_bytes() if wls_path.exists() else b""
     workloads, wl_good = _parse_prefix(wl_data)
     out = bytearray()
-    pos = 0
-    while pos < len(rec_data):
-        nl = rec_data.find(b"\n", pos)
-        if nl < 0:
-            break
-        line = rec_data[pos:nl]
-        if line.strip():
-            try:
-                idx = json.loads(line)[0]
-            except (ValueError, IndexError, TypeError, KeyError):
-                break
+    start = 0
+    for value, end in _lines(rec_data):
+        if value is not None:
+            idx = value[0] if isinstance(value, list) and value else None
             if not isinstance(idx, int) or not 0 <= idx < len(workloads):
                 break
-            out += rec_data[pos:nl + 1]
-        pos = nl + 1
+            out += rec_data[start:end]
+        start = end
     return {WORKLOADS: wl_data[:wl_good], RECORDS: bytes(out)}
+
+
+def _lines(data: bytes) -> Iterator[tuple[Any, int]]:
+    """(parsed JSON line or None for a blank one, byte offset just past it) over the complete,
+    valid prefix of JSON-lines data: stops at a line without newline or one that does not parse."""
+    pos = 0
+    while pos < len(data):
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            return
+        line = data[pos:nl]
+        value = None
+        if line.strip():
+            try:
+                value = json.loads(line)
+            except ValueError:
+                return
+        pos = nl + 1
+        yield value, pos
 
 
 def _parse_prefix(data: bytes) -> tuple[list[Any], int]:
     out: list[Any] = []
-    good = pos = 0
-    while pos < len(data):
-        nl = data.find(b"\n", pos)
-        if nl < 0:
-            break
-        line = data[pos:nl]
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                break
-        pos = nl + 1
-        good = pos
+    good = 0
+    for value, good in _lines(data):
+        if value is not None:
+            out.append(value)
     return out, good
 
 

@@ -1,7 +1,8 @@
 """Keeps a shard's records and progress in the job's store while the client tunes.
 
 The local database is the working copy; after every search round (``poke``), every
-``interval_s`` and at exit it is packed and put into the store, and the progress JSON into the shard's ConfigMap, where the operator reads it.
+``interval_s`` and at exit it is packed and put into the store, and the progress JSON into the
+shard's ConfigMap, where the operator reads it.
 A failed upload (store down) keeps the records on disk and is retried on the next tick: trials
 are never lost, only reported later. A restarted client pod restores its shard from the store
 before tuning, then resumes from those records.
@@ -52,23 +53,22 @@ class ShardSync:
                         (tmp / f).replace(self.work_dir / f)
         return records.stats(self.work_dir).total
 
-    def _digest(self) -> str:
-        h = hashlib.sha256()
-        for f in FILES:
-            p = self.work_dir / f
-            if p.exists():
-                h.update(p.read_bytes())
-        return h.hexdigest()
-
-    def sync(self) -> bool:
-        digest = self._digest()
-        if digest == self._last:
-            return True
+    def _snapshot(self) -> dict[str, bytes]:
         # A snapshot, never a repair: TVM may be appending to these files right now.
         files = records.snapshot(self.work_dir)
         for name in (PROGRESS, LOG):
             if (self.work_dir / name).exists():
                 files[name] = (self.work_dir / name).read_bytes()
+        return files
+
+    def sync(self) -> bool:
+        files = self._snapshot()
+        h = hashlib.sha256()
+        for name, data in sorted(files.items()):
+            h.update(name.encode() + b"\0" + data)
+        digest = h.hexdigest()
+        if digest == self._last:
+            return True  # nothing new since the last upload
         progress_text = files.get(PROGRESS, b"{}").decode(errors="replace")
         data = pack_bytes(files)
         try:

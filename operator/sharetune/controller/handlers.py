@@ -27,8 +27,7 @@ from ..planner import (DEFAULT_IMAGE, JobRef, daemon_names, names, plan, plan_me
 from ..spec import API_GROUP, API_VERSION, SpecError, TuningJobSpec, parse_spec
 from . import kube, metrics
 from .status import (FAILED, FINAL, MERGING, PENDING, RUNNING, SUCCEEDED, DaemonView, Observed, ShardView, condition,
-                     mps_recovery,
-                     next_phase, now, progress_fields)
+                     mps_recovery, next_phase, now, progress_fields, started)
 
 PLURAL = "tuningjobs"
 log = logging.getLogger("sharetune.operator")
@@ -218,9 +217,10 @@ def snapshot() -> Snapshot:
 
 
 def _unschedulable(pod: Any) -> str | None:
+    """The scheduler's message for a pod it cannot place."""
     for c in (pod.status.conditions or []) if pod.status else []:
         if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
-            return str(c.message)
+            return c.message
     return None
 
 
@@ -269,10 +269,8 @@ def observe(job: JobRef, s: TuningJobSpec, snap: Snapshot) -> Observed:
     for g, daemon_name, _ in daemon_names(job.name, s) if s.uses_mps else []:
         pod = snap.daemons.get((ns, daemon_name))
         view = obs.daemons.setdefault(str(g or 0), DaemonView())
-        for c in (pod.status.conditions or []) if pod and pod.status else []:
-            if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
-                obs.daemon_unschedulable = c.message
         if pod is not None:
+            obs.daemon_unschedulable = _unschedulable(pod) or obs.daemon_unschedulable
             phase = pod.status.phase if pod.status else None
             ended = phase in ("Failed", "Succeeded") or pod.metadata.deletion_timestamp is not None
             view.state = "failed" if ended else ("running" if phase == "Running" else "pending")
@@ -283,7 +281,7 @@ def observe(job: JobRef, s: TuningJobSpec, snap: Snapshot) -> Observed:
             if why:
                 obs.unschedulable = f"{pod.metadata.labels.get('app.kubernetes.io/component', 'pod')}: {why}"
                 break
-    if s.output.s3 is not None and not any(v.state in ("tuning", "done") for v in shards):
+    if s.output.s3 is not None and not started(shards):
         obs.secret_problem = _secret_problem(ns, s)
     return obs
 
@@ -292,7 +290,6 @@ def recover_mps_daemon(body: dict[str, Any], job: JobRef, s: TuningJobSpec, obs:
     """Per GPU group: a dead daemon is replaced, and its servers restarted against the new one."""
     status = body.get("status") or {}
     seen_by_gpu = dict(status.get("mpsDaemonRestartsByGpu") or {})
-    daemons = {o["metadata"]["name"]: o for o in plan(job, s, image()) if o["kind"] == "Pod"}
     recovered = 0
     for g, daemon_name, servers_name in daemon_names(job.name, s):
         key = str(g or 0)
@@ -301,7 +298,8 @@ def recover_mps_daemon(body: dict[str, Any], job: JobRef, s: TuningJobSpec, obs:
         if recreate:
             if view.state == "failed":
                 kube.read_or_none(client.CoreV1Api(api()).delete_namespaced_pod, daemon_name, job.namespace)
-            if not kube.create(api(), daemons[daemon_name]):
+            daemon = next(o for o in plan(job, s, image()) if o["kind"] == "Pod" and o["metadata"]["name"] == daemon_name)
+            if not kube.create(api(), daemon):
                 continue  # the old pod is still being deleted: try again next tick
             metrics.CHILDREN.labels("Pod").inc()
         if restart_servers:

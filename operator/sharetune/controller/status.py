@@ -83,6 +83,11 @@ class DaemonView:
     restarts: int = 0  # container restarts the kubelet did in place
 
 
+def started(shards: list[ShardView]) -> bool:
+    """Some shard is tuning or done: the job's pods could start."""
+    return any(s.state in ("tuning", "done") for s in shards)
+
+
 def mps_recovery(daemon: DaemonView, phase: str | None, seen_restarts: int) -> tuple[bool, bool]:
     """What an MPS daemon fault needs: (recreate the daemon pod, restart the servers).
 
@@ -131,7 +136,7 @@ def next_phase(current: str | None, obs: Observed, shards: int) -> tuple[str, st
         return MERGING, "ShardsDone", f"all {shards} shards done; merging"
     if obs.daemon_unschedulable:
         return PENDING, "GpuUnavailable", f"the MPS daemon cannot be scheduled: {obs.daemon_unschedulable}"
-    tuning = any(s.state in ("tuning", "done") for s in obs.shards)
+    tuning = started(obs.shards)
     # Pods that can never start must say so instead of leaving the job silently Pending.
     if obs.secret_problem and not tuning:
         return PENDING, "SecretMissing", obs.secret_problem
