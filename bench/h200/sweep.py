@@ -33,7 +33,9 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
                 "argv": ["tune_cell.py", "--id", cid, "--mode", "sharetune", *base, "--clients", str(clients),
                          "--servers", str(servers), "--pct", str(pct), *(extra or [])]}
 
-    ev = {"id": "evaluate", "file": None, "est": 330, "argv": ["evaluate.py", "--model", model]}
+    # Round r3 measures end-to-end latency at 100% only (the quality matrix is the H200 rounds').
+    ev_r3 = {"id": "evaluate-r3", "file": None, "round": "r3", "est": 330,
+             "argv": ["evaluate.py", "--model", model, "--serve", ""]}
     # Cells already in the results files are skipped. The first five ran on 2026-12-02; the two P=10
     # sharetune cells ran before build_without_intrinsics (and st-r18-m6n6p10 with 32 candidates of
     # population per candidate): the -v2 cells rerun the current code.
@@ -44,16 +46,25 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
         st(6, 6, 10),
         st(6, 6, 10, ["--pop-per-cand", "8"], "-pop8"),
         st(6, 6, 100),
-        ev,
         # the rest of the quality matrix's tuning shares, and topology variants (ran 2026-12-02)
         st(6, 6, 25, suffix="-v2"),
         st(6, 6, 50, suffix="-v2"),
         st(6, 6, 75, suffix="-v2"),
         st(6, 6, 10, suffix="-v2"),
-        dict(ev),
         st(3, 3, 100, suffix="-v2"),
         st(6, 12, 100, suffix="-v2"),
-        dict(ev),
+        # (the evaluations of these rounds ran between them; all done)
+        # Round r3 (session 3, 2026-12-02, whichever GPU the device call got: cells record it): the
+        # tensor-intrinsics cache in every client (start-up), its own baseline on the same machine,
+        # and candidates per round = 16, the baseline's batch per task (one search round per task).
+        {"id": f"base-{m}-r3", "file": CELLS, "est": 390,
+         "argv": ["tune_cell.py", "--id", f"base-{m}-r3", "--mode", "baseline", "--round", "r3", *base]},
+        st(6, 12, 100, ["--round", "r3"], "-r3"),
+        st(6, 12, 100, ["--round", "r3", "--per-iter", "16"], "-i16-r3"),
+        ev_r3,
+        st(6, 6, 50, ["--round", "r3", "--per-iter", "16"], "-i16-r3"),
+        st(6, 12, 100, ["--round", "r3", "--per-iter", "16", "--seed", "1"], "-i16-s1-r3"),
+        dict(ev_r3),
     ]
 
 
@@ -71,10 +82,11 @@ def st_estimate(step: dict, fallback: float) -> float:
     return near["wall_s"] + 35
 
 
-def pending_eval(model: str) -> int:
+def pending_eval(model: str, round_: str | None) -> list[str]:
     cells, done = load_cells(CELLS), load_cells(EVAL)
-    return sum(1 for c in cells.values() if c.get("model") == model and f"eval-{c['id']}" not in done
-               and all((Path(d) / "database_tuning_record.json").exists() for d in c["db_dirs"]))
+    return [c["id"] for c in cells.values() if c.get("model") == model and c.get("round") == round_
+            and f"eval-{c['id']}" not in done
+            and all((Path(d) / "database_tuning_record.json").exists() for d in c["db_dirs"])]
 
 
 def main() -> int:
@@ -93,15 +105,21 @@ def main() -> int:
     if carried.exists() and not (RUN_ROOT / "runs").exists():  # a fresh machine: restore earlier runs
         with tarfile.open(carried) as tar:
             tar.extractall(RUN_ROOT)
+    # The tuner image ships TVM's tensor intrinsics pre-parsed (Dockerfile); on this machine the
+    # same cache is built once here, before any timed cell (sharetune_tuner/intrinsics.py).
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "sharetune_tuner.intrinsics"], capture_output=True, text=True)
+    log(f"sweep: intrinsics cache {r.stdout.strip() or r.stderr[-500:]} ({time.monotonic() - t:.1f} s)")
     st_walls = [c["wall_s"] for c in load_cells(CELLS).values() if c.get("mode") == "sharetune"]
     for step in plan(a.model, a.tasks, a.trials):
         if a.only and step["id"] not in a.only.split(","):
             continue
         if step["file"] is None:
-            n = pending_eval(a.model)
-            if n == 0:
+            runs = pending_eval(a.model, step.get("round"))
+            if not runs:
                 continue
-            est = 150 + 35 * n
+            est = 150 + 35 * len(runs)
+            step = {**step, "argv": [*step["argv"], "--runs", ",".join(runs)]}
         else:
             if step["id"] in load_cells(step["file"]):
                 continue

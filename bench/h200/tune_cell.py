@@ -152,15 +152,17 @@ spec:
     finally:
         lr.stop_all()
         sampler.stop()
-    phases, tasks = [], []
+    phases, tasks, startup = [], [], []
     for d in dbs:
         pr = json.loads((d / "progress.json").read_text())
         phases.append(pr.get("phases", {}))
+        startup.append(pr.get("startup", {}))
         tasks += [{"name": t["name"], "workload_hash": t["workload_hash"], "budget": t["budget"]}
                   for t in pr.get("tasks", [])]
     return {"t0": t0, "t1": t1, "db_dirs": [str(d) for d in dbs], "sampler": sampler, "phases": phases,
             "builder": "PooledBuilder(build_without_intrinsics, export .so)", "runner": "SessionRPCRunner",
             "tasks": tasks, "mps": mps, "mps_server_list": mps_check, "builder_workers": workers,
+            "client_startup": startup,
             "pop_per_cand": a.pop_per_cand or 8,
             "client_restarts": sum(p.restarts for p in lr.procs if p.name.startswith("client"))}
 
@@ -182,6 +184,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=520.0)
     ap.add_argument("--force", action="store_true")
+    ap.add_argument("--round", default=None,
+                    help="measurement round (one machine, one session): ratios compare cells of one round")
     a = ap.parse_args()
     if a.id in load_cells(CELLS) and not a.force:
         log(f"{a.id}: already done, skipped")
@@ -206,7 +210,7 @@ def main() -> int:
         "clients": a.clients if a.mode == "sharetune" else 1,
         "servers": a.servers if a.mode == "sharetune" else 1,
         "thread_pct": a.pct if a.mode == "sharetune" else 100,
-        "per_iter": a.per_iter if a.mode == "sharetune" else 64, "seed": a.seed,
+        "per_iter": a.per_iter if a.mode == "sharetune" else 64, "seed": a.seed, "round": a.round,
         "started_at": t0, "wall_s": round(t1 - t0, 2),
         "first_record_s": round(first - t0, 2), "last_record_s": round(last - t0, 2),
         "records": len(recs), "failed": _failed(recs),

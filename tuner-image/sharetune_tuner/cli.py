@@ -18,10 +18,13 @@ import logging
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from .errors import TunerError
+
+PROCESS_STARTED_AT = time.time()  # ~ the process's start: the client reports its start-up from here
 
 log = logging.getLogger("sharetune.tuner")
 
@@ -210,7 +213,8 @@ def _client(a: argparse.Namespace) -> int:
                                total_trials=spec.trials.total, trials_per_task=spec.trials.per_task,
                                trials_per_iter=spec.trials.per_iteration, cost_model=spec.cost_model,
                                seed=spec.seed, builder_workers=spec.builder_workers,
-                               tracker_wait_s=a.tracker_wait, session_runner=a.session_runner)
+                               tracker_wait_s=a.tracker_wait, session_runner=a.session_runner,
+                               process_started_at=PROCESS_STARTED_AT)
             if sync is not None:
                 cfg.on_round = sync.poke
             progress = run_client(cfg, model, target)

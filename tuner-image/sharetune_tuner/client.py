@@ -20,6 +20,7 @@ from typing import Any
 from . import metrics, records
 from .builder import PooledBuilder
 from .errors import TrackerError
+from .intrinsics import ensure_registered
 from .partition import budgets, shard_of
 from .tasks import Task, extract
 
@@ -52,6 +53,7 @@ class ClientConfig:
     # Called after each search round, once its records are in the database (the sync uploads
     # them right away instead of waiting for its next tick: a killed pod loses nothing measured).
     on_round: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+    process_started_at: float | None = None  # time.time() when the process began (start-up report)
 
 
 @dataclass
@@ -78,6 +80,9 @@ class Progress:
     tasks: list[TaskProgress] = field(default_factory=list)
     message: str = ""
     phases: dict[str, float] = field(default_factory=dict)  # MetaSchedule profiler totals, seconds
+    # Where the start-up went, seconds (process start to run_client, extraction, tensor
+    # intrinsics, tracker wait, first round's records): start-up is fixed cost on every shard.
+    startup: dict[str, Any] = field(default_factory=dict)
 
     def write(self, path: Path) -> None:
         self.updated_at = time.time()
@@ -143,6 +148,8 @@ def _make_progress_callback(cfg: ClientConfig, progress: Progress, task: TaskPro
                 task.done += 1
                 progress.done += 1
             metrics.SHARD_DONE.labels(cfg.job, shard).set(progress.done)
+            progress.startup.setdefault(
+                "first_records_s", round(time.time() - (cfg.process_started_at or progress.started_at), 2))
             prof = ms.Profiler.current()
             if prof is not None:
                 _export_phases(cfg, prof.get())
@@ -193,10 +200,14 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     progress = Progress(cfg.job, cfg.shard, cfg.shards)
     progress.write(progress_path)
 
+    if cfg.process_started_at is not None:
+        progress.startup["before_run_client_s"] = round(time.time() - cfg.process_started_at, 2)
     cut = records.repair(cfg.work_dir)
     if cut:
         log.warning("cut %d bytes of a torn last record (client killed mid-write)", cut)
+    t = time.monotonic()
     tasks = extract(model.mod, target)
+    progress.startup["extract_s"] = round(time.monotonic() - t, 2)
     mine, budget = plan_shard(tasks, cfg)
     have = records.stats(cfg.work_dir)
     for t in mine:
@@ -219,7 +230,14 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
         progress.write(progress_path)
         return progress
 
+    t = time.monotonic()
+    # MetaSchedule registers every target's tensor intrinsics when the first task is set up;
+    # from the cache that is ~0.5 s instead of ~13-20 s of TVMScript parsing (intrinsics.py).
+    progress.startup["intrinsics"] = ensure_registered()
+    progress.startup["intrinsics_s"] = round(time.monotonic() - t, 2)
+    t = time.monotonic()
     wait_for_tracker(cfg.tracker_host, cfg.tracker_port, cfg.tracker_key, cfg.tracker_wait_s)
+    progress.startup["tracker_wait_s"] = round(time.monotonic() - t, 2)
     progress.state = "tuning"
     progress.write(progress_path)
 
