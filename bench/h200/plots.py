@@ -31,8 +31,9 @@ def main() -> int:
 
     tuning = json.loads((RESULTS / "h200-tuning.json").read_text())
     qm = json.loads((RESULTS / "h200-quality-matrix.json").read_text())
-    configs: list[dict[str, Any]] = tuning["sweep"]
-    base = tuning["baseline"]
+    # The figures of the first sweep (rounds r1-r2); round r3 has its own figure (_round_r3).
+    configs: list[dict[str, Any]] = tuning["by_round"]["r1-r2/resnet18"]["sweep"]
+    base = tuning["by_round"]["r1-r2/resnet18"]["baseline"]
 
     # ---- throughput and final latency per configuration ------------------------------------------
     order = sorted(configs, key=lambda c: (c["mode"] != "baseline", c["thread_pct_P"], c["id"]))
@@ -139,8 +140,43 @@ def main() -> int:
     fig.tight_layout()
     fig.savefig(DOCS / "h200-quality-heatmap.png", dpi=110)
     plt.close(fig)
-    print("wrote", *(DOCS / n for n in ("h200-throughput.png", "h200-quality-over-time.png", "h200-quality-heatmap.png")))
+    _round_r3(plt, tuning)
+    print("wrote", *(DOCS / n for n in ("h200-throughput.png", "h200-quality-over-time.png", "h200-quality-heatmap.png",
+                                         "h200-r3.png")))
     return 0
+
+
+def _round_r3(plt: Any, tuning: dict[str, Any]) -> None:
+    """Round r3: throughput and latency ratios of every run against its model's baseline of the
+    same round, ResNet-18 and ResNet-50 side by side, with the goals drawn in."""
+    rows = [r for key in ("r3/resnet18", "r3/resnet50") if key in tuning["by_round"]
+            for r in tuning["by_round"][key]["sweep"] if r["mode"] == "sharetune"]
+    if not rows:
+        return
+    names = [r["id"].replace("st-", "").replace("-r3", "") for r in rows]
+    fig, ax = plt.subplots(1, 2, figsize=(14, 4.6))
+    colours = ["tab:blue" if r["model"] == "resnet18" else "tab:orange" for r in rows]
+    ax[0].bar(names, [r["throughput_ratio"] for r in rows], color=colours)
+    for i, r in enumerate(rows):
+        ax[0].text(i, r["throughput_ratio"], f"{r['throughput_ratio']:.2f}x\n{r['wall_s']:.0f} s, cpu {r['cpu_util_mean_pct']:.0f}%",
+                   ha="center", va="bottom", fontsize=8)
+    ax[0].axhline(5, ls="--", color="k", lw=1)
+    ax[0].set_ylim(0, 1.2 * max(r["throughput_ratio"] for r in rows))
+    ax[0].set_ylabel("throughput ratio (trials/s vs the round's baseline)")
+    ax[0].set_title("H200 round r3: 96 trials (6 tasks x 16); blue ResNet-18, orange ResNet-50; dashed: goal 5x",
+                    fontsize=9)
+    ax[0].tick_params(axis="x", rotation=20, labelsize=8)
+    lat = [r.get("latency_ratio") or 0 for r in rows]
+    ax[1].bar(names, lat, color=colours)
+    for i, v in enumerate(lat):
+        ax[1].text(i, v, f"{v:.3f}", ha="center", va="bottom", fontsize=8)
+    ax[1].axhline(1.05, ls="--", color="k", lw=1)
+    ax[1].set_ylabel("end-to-end latency / baseline's (100% GPU, no MPS)")
+    ax[1].set_title("tuned model quality (dashed: goal <= 1.05)", fontsize=9)
+    ax[1].tick_params(axis="x", rotation=20, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(DOCS / "h200-r3.png", dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

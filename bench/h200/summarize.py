@@ -46,10 +46,8 @@ def first_time_below(curve: list[tuple[float, float]], threshold: float) -> floa
     return None
 
 
-def main() -> int:
-    cells, evals, prof = _cells("h200-cells.jsonl"), _cells("h200-eval.jsonl"), _cells("h200-profile.jsonl")
-    ev = {e["run"]: e for e in evals.values() if "run" in e and "error" not in e}
-    base = next(c for c in cells.values() if c["mode"] == "baseline")
+def group_rows(cells: dict[str, dict[str, Any]], ev: dict[str, Any], base: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per cell of a round, each against that round's baseline (same machine, same day)."""
     weights = {t["workload_hash"]: t["weight"] for t in base["tasks"]}
     base_ev = ev.get(base["id"])
     base_curve = kernel_curve(base_ev, weights) if base_ev else []
@@ -62,7 +60,8 @@ def main() -> int:
         e = ev.get(c["id"])
         curve = kernel_curve(e, weights) if e else []
         row: dict[str, Any] = {
-            "id": c["id"], "mode": c["mode"], "clients_M": c["clients"], "servers_N": c["servers"],
+            "id": c["id"], "mode": c["mode"], "model": c["model"], "round": c.get("round"), "seed": c.get("seed", 0),
+            "clients_M": c["clients"], "servers_N": c["servers"],
             "thread_pct_P": c["thread_pct"], "mps": c.get("mps", False),
             "population_per_candidate": c.get("pop_per_cand") if c["mode"] == "sharetune" else 8,
             "candidates_per_round": c["per_iter"],
@@ -76,6 +75,11 @@ def main() -> int:
             "cpu_util_mean_pct": c["cpu_util_mean"], "gpu_util_mean_pct": c["gpu_util_mean"],
             "throughput_ratio": round(c["trials_per_s"] / base["trials_per_s"], 3),
         }
+        if c.get("client_startup"):
+            st = c["client_startup"]
+            row["client_startup_s"] = {k: round(max(x.get(k, 0.0) for x in st), 2)
+                                       for k in ("before_run_client_s", "extract_s", "intrinsics_s", "tracker_wait_s")}
+            row["client_startup_s"]["intrinsics_from"] = sorted({x.get("intrinsics") for x in st if x.get("intrinsics")})
         if e:
             row["e2e_latency_ms_100pct_no_mps"] = e["e2e_100_nomps"]["median_ms"]
             row["latency_ratio"] = round(e["e2e_100_nomps"]["median_ms"] / base_e2e, 4) if base_e2e else None
@@ -92,8 +96,72 @@ def main() -> int:
                                             if row["e2e_within_5pct_of_baseline"] else None)
         configs.append(row)
 
-    st = [r for r in configs if r["mode"] == "sharetune"]
-    best = max(st, key=lambda r: (r.get("e2e_within_5pct_of_baseline", False), r["throughput_ratio"]))
+    return configs
+
+
+def best_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    st = [r for r in rows if r["mode"] == "sharetune"]
+    return max(st, key=lambda r: (r.get("e2e_within_5pct_of_baseline", False), r["throughput_ratio"]))
+
+
+def over_seeds(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The best configuration judged over all its seeds (search luck is large at this budget): the
+    configuration (M, N, P, candidates per round) whose every seed is within 5% of the baseline's
+    latency, with the highest geometric-mean throughput ratio."""
+    import math
+
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["mode"] == "sharetune" and "latency_ratio" in r:
+            groups.setdefault((r["clients_M"], r["servers_N"], r["thread_pct_P"], r["candidates_per_round"]), []).append(r)
+
+    def gmean(xs: list[float]) -> float:
+        return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+    ok = {k: g for k, g in groups.items() if all(r.get("e2e_within_5pct_of_baseline") for r in g)}
+    if not ok:
+        return None
+    k, g = max(ok.items(), key=lambda kv: (len(kv[1]) > 1, gmean([r["throughput_ratio"] for r in kv[1]])))
+    return {"clients_M": k[0], "servers_N": k[1], "thread_pct_P": k[2], "candidates_per_round": k[3],
+            "runs": [r["id"] for r in g], "seeds": [r["seed"] for r in g],
+            "throughput_ratio_gmean": round(gmean([r["throughput_ratio"] for r in g]), 3),
+            "throughput_ratio_min": min(r["throughput_ratio"] for r in g),
+            "latency_ratio_max": max(r["latency_ratio"] for r in g),
+            "time_to_quality_ratio_min": min(r["time_to_quality_ratio"] for r in g),
+            "cpu_util_mean_pct": round(sum(r["cpu_util_mean_pct"] for r in g) / len(g), 1)}
+
+
+def goals_met(best: dict[str, Any]) -> dict[str, bool]:
+    return {
+        "throughput_ratio": best["throughput_ratio"] >= 5,
+        "time_to_quality_ratio": bool(best.get("time_to_quality_ratio") and best["time_to_quality_ratio"] >= 4),
+        "latency_ratio": bool(best.get("latency_ratio") and best["latency_ratio"] <= 1.05),
+        "cpu_util": bool(best["cpu_util_mean_pct"] and best["cpu_util_mean_pct"] >= 85),
+    }
+
+
+def main() -> int:
+    cells, evals, prof = _cells("h200-cells.jsonl"), _cells("h200-eval.jsonl"), _cells("h200-profile.jsonl")
+    ev = {e["run"]: e for e in evals.values() if "run" in e and "error" not in e}
+    # A round = one machine in one session; its baseline and cells are compared with each other only.
+    rounds: dict[tuple[Any, str], dict[str, dict[str, Any]]] = {}
+    for c in cells.values():
+        rounds.setdefault((c.get("round"), c["model"]), {})[c["id"]] = c
+    by_round = {}
+    for (rnd, model), group in rounds.items():
+        base_cell = next(c for c in group.values() if c["mode"] == "baseline")
+        rows = group_rows(group, ev, base_cell)
+        best = best_of(rows)
+        by_round[f"{rnd or 'r1-r2'}/{model}"] = {
+            "round": rnd or "r1-r2", "model": model, "gpu": base_cell.get("gpu"),
+            "baseline": next(r for r in rows if r["mode"] == "baseline"), "best_sharetune": best,
+            "best_config_over_seeds": over_seeds(rows), "goals_met": goals_met(best), "sweep": rows}
+    first = by_round["r1-r2/resnet18"]
+    head = by_round.get("r3/resnet18", first)
+    configs, base = first["sweep"], first["baseline"]
+    base = next(c for c in cells.values() if c["id"] == base["id"])
+    weights = {t["workload_hash"]: t["weight"] for t in base["tasks"]}
+    best = head["best_sharetune"]
     p = next(iter(prof.values()), {})
     out = {
         "what": "ResNet-18 (sharetune zoo, batch 1, 224x224, fp32), its 6 heaviest tasks (conv2d+bias+relu "
@@ -122,21 +190,33 @@ def main() -> int:
                             "the records re-measured in isolation at 100% (LocalRunner, no MPS); curves in "
                             "h200-eval.jsonl 'improving'",
         },
-        "baseline": next(r for r in configs if r["mode"] == "baseline"),
+        "headline": ("round r3 (2026-12-02, session 3): the tensor-intrinsics cache in every client, and 16 "
+                     "candidates per round (= the baseline's batch per task, i.e. one search round per task) "
+                     "in the i16 cells; baseline re-run on the same machine in the same session. 'baseline', "
+                     "'best_sharetune', 'goals_met' are ResNet-18's round r3; every round and model is in "
+                     "'by_round' (ratios always against the baseline of the same round)"),
+        "baseline": head["baseline"],
         "best_sharetune": best,
-        "sweep": configs,
+        "best_config_over_seeds": head["best_config_over_seeds"],
         "goals": {"throughput_ratio": ">= 5", "time_to_quality_ratio": ">= 4", "latency_ratio": "<= 1.05",
                   "cpu_util": ">= 85%"},
-        "goals_met": {
-            "throughput_ratio": best["throughput_ratio"] >= 5,
-            "time_to_quality_ratio": bool(best.get("time_to_quality_ratio") and best["time_to_quality_ratio"] >= 4),
-            "latency_ratio": bool(best.get("latency_ratio") and best["latency_ratio"] <= 1.05),
-            "cpu_util": bool(best["cpu_util_mean_pct"] and best["cpu_util_mean_pct"] >= 85),
-        },
+        "goals_met": head["goals_met"],
+        "resnet50": {k: v for k, v in by_round.get("r3/resnet50", {}).items() if k != "sweep"} or None,
+        "by_round": by_round,
         "profile_one_trial": {k: p.get(k) for k in ("search", "build_one", "build_batch", "run_stock_steps",
                                                     "run_session_steps", "runner_batch", "per_trial_estimate_s",
                                                     "import_tvm_s", "torch_importable")},
         "findings": [
+            "Client start-up was the largest fixed cost: every client parsed all of TVM's tensor intrinsics "
+            "from TVMScript when MetaSchedule set up its first task (~20 s of one core each, six clients "
+            "side by side: the machine sat at 6/16 cores for 21 s). Registering them from a serialised "
+            "cache (sharetune_tuner/intrinsics.py; built into the tuner image) takes 0.3-0.9 s: in round r3 "
+            "the slowest client's start-up before its first search (process start, model load, extraction, "
+            "intrinsics, tracker wait) is under 8 s, and 6x12@100% went from 109 s (0.81 trials/s, r1-r2) to "
+            "80 s (1.10 trials/s).",
+            "16 candidates per round (one round per task, as the baseline's batch) at 6x6@50%: 62 s and 59 s "
+            "for 96 trials over two seeds (5.21x and 5.48x the baseline's 323 s) with models 0.4% and 13% "
+            "faster than the baseline's.",
             "NVRTC runs in the builder, not at module load: the runtime CUDA plugin is loaded on the GPU "
             "machine, so tvm.compile JIT-compiles each candidate (1.74 s of a 1.88 s build) and ships a cubin; "
             "loading it on the server takes 0.5 ms (.so) / 22 ms (.tar, linked there).",
@@ -168,7 +248,11 @@ def main() -> int:
             "both). The kernel proxy is therefore reported, labelled, and not used for the headline metric.",
         ],
         "not_done": [
-            "ResNet-50: not run (device time: a stock baseline cell alone takes ~6 min for ResNet-18).",
+            "ResNet-50: one round-r3 configuration only (6x6 at 50%, 16 per round, seed 0) against its baseline; "
+            "no ResNet-50 quality matrix (device time).",
+            "Round r3 evaluated end-to-end latency at 100% without MPS only (the quality matrix is rounds r1-r2's); "
+            "st-r18-m6n6p50-i16-s1-r3 ran by hand (tune_cell.py + evaluate.py): its record databases were not "
+            "carried back (its evaluation ran on the device).",
             "Topologies measured: M=N=6 at P in {10, 25, 50, 75, 100}, M=N=3 at 100, M=6/N=12 at 100; no "
             "M != N cells at shares below 100.",
             "st-r18-m6n6p10 and st-r18-m6n6p10-pop8 used the earlier builder (default_build with the "
@@ -178,7 +262,9 @@ def main() -> int:
             "Several sharetune runs wrote 80 or 88 of 96 budgeted trials (a shard's search returned fewer "
             "candidates than its budget); trials_per_s counts records written.",
             "Seeds: 0 everywhere, plus seed 1 for P=50 and P=10 (st-r18-m6n6p50-s1, st-r18-m6n6p10-s1); the "
-            "baseline ran once.",
+            "baseline ran once per round.",
+            "CPU utilisation >= 85% was reached by one r3 run (st-r18-m6n12p100-i16-s1-r3, 89.8%), not by the "
+            "headline configuration (77.7% / 83.3% over its two seeds).",
         ],
     }
     (RESULTS / "h200-tuning.json").write_text(json.dumps(out, indent=2))
