@@ -36,6 +36,7 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
     # Round r3 measures end-to-end latency at 100% only (the quality matrix is the H200 rounds').
     ev_r3 = {"id": "evaluate-r3", "file": None, "round": "r3", "est": 330,
              "argv": ["evaluate.py", "--model", model, "--serve", ""]}
+    ev_r4 = {**ev_r3, "id": "evaluate-r4", "round": "r4"}
     # Cells already in the results files are skipped. The first five ran on 2026-12-02; the two P=10
     # sharetune cells ran before build_without_intrinsics (and st-r18-m6n6p10 with 32 candidates of
     # population per candidate): the -v2 cells rerun the current code.
@@ -65,6 +66,16 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
         st(6, 6, 50, ["--round", "r3", "--per-iter", "16"], "-i16-r3"),
         st(6, 12, 100, ["--round", "r3", "--per-iter", "16", "--seed", "1"], "-i16-s1-r3"),
         dict(ev_r3),
+        # Round r4 (session 4): the headline topology with the start-up/tail fixes (services wait for
+        # readiness instead of fixed sleeps, 0.25 s polls, no cost-model training after a shard's last
+        # batch), first with r3's 6 builder workers per client, then with the product default (one per
+        # core: a straggling shard can then use the cores the finished ones left), then seed 1.
+        {"id": f"base-{m}-r4", "file": CELLS, "est": 390,
+         "argv": ["tune_cell.py", "--id", f"base-{m}-r4", "--mode", "baseline", "--round", "r4", *base]},
+        st(6, 6, 50, ["--round", "r4", "--per-iter", "16", "--builder-workers", "16"], "-i16-w16-r4"),
+        st(6, 6, 50, ["--round", "r4", "--per-iter", "16"], "-i16-r4"),
+        st(6, 6, 50, ["--round", "r4", "--per-iter", "16", "--builder-workers", "16", "--seed", "1"], "-i16-w16-s1-r4"),
+        ev_r4,
     ]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -108,9 +109,35 @@ def wait_for_tracker(host: str, port: int, key: str, timeout_s: float) -> int:
             last = f"tracker up, no server registered under key {key!r}"
         except Exception as e:  # connection refused, timeouts, ...
             last = f"{type(e).__name__}: {e}"
-        time.sleep(1.0)
+        time.sleep(0.25)  # servers register within a second or two of the tracker: do not oversleep
     raise TrackerError(f"no RPC server reachable through tracker {host}:{port} key {key!r} "
                        f"after {timeout_s:.0f}s ({last})")
+
+
+class TrackerWait:
+    """``wait_for_tracker`` in a background thread, started before the client's own start-up work
+    (extraction, intrinsics) so that the servers' start overlaps it; ``result()`` joins it and
+    re-raises its ``TrackerError``. A daemon thread: a client with nothing to do exits at once."""
+
+    def __init__(self, host: str, port: int, key: str, timeout_s: float) -> None:
+        self._servers: int | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(host, port, key, timeout_s),
+                                        name="tracker-wait", daemon=True)
+        self._thread.start()
+
+    def _run(self, host: str, port: int, key: str, timeout_s: float) -> None:
+        try:
+            self._servers = wait_for_tracker(host, port, key, timeout_s)
+        except BaseException as e:  # handed to the main thread by result()
+            self._error = e
+
+    def result(self) -> int:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._servers is not None
+        return self._servers
 
 
 def plan_shard(tasks: list[Task], cfg: ClientConfig) -> tuple[list[Task], dict[str, int]]:
@@ -160,6 +187,26 @@ def _make_progress_callback(cfg: ClientConfig, progress: Progress, task: TaskPro
     return ProgressCallback()
 
 
+def _make_cost_model_callback(task: TaskProgress, last_task: bool) -> Any:
+    """Stock ``UpdateCostModel``, except after the shard's final batch: nothing searches after it,
+    so training the cost model on it (xgb, ~2 s per client on the H200 machine) would only delay
+    the shard's end. Runs before the progress callback, so ``task.done`` excludes this batch."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.ir.utils import derived_object
+
+    update = ms.measure_callback.UpdateCostModel()
+
+    @derived_object
+    class CostModelUpdate(ms.measure_callback.PyMeasureCallback):
+        def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any,
+                  builder_results: Any, runner_results: Any) -> None:
+            if last_task and task.done + len(measure_candidates) >= task.budget:
+                return
+            update.apply(task_scheduler, task_id, measure_candidates, builder_results, runner_results)
+
+    return CostModelUpdate()
+
+
 _PHASES = {"GenerateMeasureCandidates": "search", "SendToBuilder": "build", "SendToRunner": "run",
            "JoinRunnerFutures": "run", "UpdateCostModel": "cost_model"}
 _exported: dict[str, float] = {}
@@ -205,6 +252,7 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     cut = records.repair(cfg.work_dir)
     if cut:
         log.warning("cut %d bytes of a torn last record (client killed mid-write)", cut)
+    tracker = TrackerWait(cfg.tracker_host, cfg.tracker_port, cfg.tracker_key, cfg.tracker_wait_s)
     t = time.monotonic()
     tasks = extract(model.mod, target)
     progress.startup["extract_s"] = round(time.monotonic() - t, 2)
@@ -236,7 +284,7 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     progress.startup["intrinsics"] = ensure_registered()
     progress.startup["intrinsics_s"] = round(time.monotonic() - t, 2)
     t = time.monotonic()
-    wait_for_tracker(cfg.tracker_host, cfg.tracker_port, cfg.tracker_key, cfg.tracker_wait_s)
+    tracker.result()
     progress.startup["tracker_wait_s"] = round(time.monotonic() - t, 2)
     progress.state = "tuning"
     progress.write(progress_path)
@@ -262,7 +310,8 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
             ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
                 [task.extracted], work_dir=str(cfg.work_dir / "logs"), strategy=search_strategy(cfg),
                 num_threads=cores, seed=cfg.seed * 1000 + cfg.shard * 100 + i + tp.done)
-            callbacks = [*ms.MeasureCallback.create("default"),
+            callbacks = [ms.measure_callback.AddToDatabase(), ms.measure_callback.RemoveBuildArtifact(),
+                         _make_cost_model_callback(tp, last_task=i == len(todo) - 1),
                          _make_progress_callback(cfg, progress, tp, progress_path)]
             ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=str(cfg.work_dir / "logs"),
                           max_trials_global=remaining, max_trials_per_task=remaining,

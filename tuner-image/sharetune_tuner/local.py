@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +20,26 @@ from typing import Any
 from sharetune.procs import free_port, stop_group
 
 from .client import PROGRESS
+from .mps import READY
+
+
+def _wait_until(ready: Any, limit_s: float, poll_s: float = 0.05) -> bool:
+    """Polls ``ready()`` until it is true or ``limit_s`` has passed (then the caller goes on as it
+    did with a fixed sleep of that length)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if ready():
+            return True
+        time.sleep(poll_s)
+    return False
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
 
 
 def in_group(name: str, g: int | None) -> str:
@@ -126,9 +147,13 @@ class LocalRun:
                 self._spawn(in_group("mps-daemon", g), ["mps-daemon", "--pipe-dir", str(self.mps_dir(g) / "pipe"),
                                                         "--log-dir", str(self.mps_dir(g) / "log"),
                                                         "--thread-percentage", str(pct)], self.daemon_env(g))
-            time.sleep(2)
+            # Servers started before the daemon answers would run without MPS.
+            daemons = [p for p in self.procs if p.name.startswith("mps-daemon")]
+            _wait_until(lambda: all((self.mps_dir(g) / "pipe" / READY).exists() for g in groups)
+                        or any(d.poll() is not None for d in daemons), 15.0)
         self._spawn("tracker", ["tracker", "--host", "127.0.0.1", "--port", str(self.tracker_port)])
-        time.sleep(1.0)
+        # A server that finds no tracker retries only after 5 s: start them once it listens.
+        _wait_until(lambda: _listening("127.0.0.1", self.tracker_port), 5.0)
         for g in groups:
             for j in range(self.spec.servers.replicas):
                 name = in_group("server", g) + f"-{j}"
@@ -172,7 +197,7 @@ class LocalRun:
                 out.append({"shard": i, "state": "starting", "done": 0, "budget": 0, "tasks": []})
         return out
 
-    def run_clients(self, on_tick: Any = None, poll_s: float = 1.0) -> None:
+    def run_clients(self, on_tick: Any = None, poll_s: float = 0.25) -> None:
         clients = {i: self.start_client(i) for i in range(self.spec.shards)}
         running = set(clients)
         while running and not self.stopping:

@@ -24,6 +24,8 @@ from .errors import MpsError
 log = logging.getLogger("sharetune.mps")
 
 
+READY = "sharetune-ready"  # in the pipe directory: the daemon answers and has its defaults
+
 class MpsDaemon:
     def __init__(self, pipe_dir: Path, log_dir: Path, thread_percentage: int | None = None,
                  pinned_memory_limit: str | None = None, control_binary: str = "nvidia-cuda-mps-control",
@@ -72,6 +74,7 @@ class MpsDaemon:
     def start(self) -> None:
         binary = self.preflight()
         self.pipe_dir.mkdir(parents=True, exist_ok=True)
+        (self.pipe_dir / READY).unlink(missing_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         out = open(self.log_dir / "sharetune-mps-control.out", "ab")
         self.proc = subprocess.Popen([binary, "-f"], env=self.env, stdout=out, stderr=subprocess.STDOUT,
@@ -91,6 +94,8 @@ class MpsDaemon:
             self._must(f"set_default_active_thread_percentage {self.thread_percentage}")
         if self.pinned_memory_limit:
             self._must(f"set_default_device_pinned_mem_limit 0 {self.pinned_memory_limit}")
+        # Local mode starts the servers once this exists (instead of after a fixed sleep).
+        (self.pipe_dir / READY).touch()
         log.info("MPS control daemon up (pid %d, pipe %s)", self.proc.pid, self.pipe_dir)
 
     def _must(self, command: str) -> None:

@@ -1,0 +1,87 @@
+"""The client trains its cost model after every measured batch except the shard's very last one
+(nothing searches after it): real MetaSchedule tuning of a small matmul on the CPU, counting the
+cost model's updates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("tvm")
+
+import numpy as np  # noqa: E402
+import tvm  # noqa: E402
+from tvm import te  # noqa: E402
+from tvm.ir.utils import derived_object  # noqa: E402
+from tvm.s_tir import meta_schedule as ms  # noqa: E402
+from tvm.s_tir.meta_schedule.testing import te_workload  # noqa: E402
+
+from sharetune_tuner.client import TaskProgress, _make_cost_model_callback  # noqa: E402
+
+pytestmark = pytest.mark.tvm
+BUDGET, PER_ITER = 8, 4  # two measured batches
+
+
+@derived_object
+class CountingModel(ms.cost_model.PyCostModel):
+    """Random scores (the search still works); counts how many batches it was trained on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.updates: list[int] = []
+        self.rng = np.random.default_rng(0)
+
+    def load(self, path: str) -> None:
+        pass
+
+    def save(self, path: str) -> None:
+        pass
+
+    def update(self, context: Any, candidates: Any, results: Any) -> None:
+        self.updates.append(len(candidates))
+
+    def predict(self, context: Any, candidates: Any) -> np.ndarray:
+        return self.rng.random(len(candidates))
+
+
+@derived_object
+class CountDone(ms.measure_callback.PyMeasureCallback):
+    """What the progress callback does for this test: the batch counts as done after the update."""
+
+    def __init__(self, task: TaskProgress) -> None:
+        super().__init__()
+        self.task = task
+
+    def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any, builder_results: Any,
+              runner_results: Any) -> None:
+        self.task.done += len(measure_candidates)
+
+
+def tune(work_dir: Path, last_task: bool) -> list[int]:
+    mod = tvm.IRModule({"main": te.create_prim_func(te_workload.matmul(64, 64, 64))})
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    task = TaskProgress("matmul", "h", BUDGET, 0, None)
+    model = CountingModel()
+    ctx = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply",
+                         search_strategy=ms.search_strategy.EvolutionarySearch(population_size=16,
+                                                                               init_min_unmeasured=8),
+                         task_name="matmul", num_threads=2, rand_state=1)
+    ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=str(work_dir), max_trials_global=BUDGET,
+                  max_trials_per_task=BUDGET, num_trials_per_iter=PER_ITER,
+                  builder=ms.builder.LocalBuilder(max_workers=2), runner=ms.runner.LocalRunner(),
+                  database=ms.database.MemoryDatabase(), cost_model=model,
+                  measure_callbacks=[ms.measure_callback.AddToDatabase(),
+                                     _make_cost_model_callback(task, last_task=last_task), CountDone(task)],
+                  task_scheduler="round-robin")
+    assert task.done == BUDGET
+    return model.updates
+
+
+def test_the_shards_last_batch_does_not_train_the_cost_model(tmp_path: Path) -> None:
+    assert tune(tmp_path / "last", last_task=True) == [PER_ITER]
+
+
+def test_batches_before_a_later_task_still_train_it(tmp_path: Path) -> None:
+    assert tune(tmp_path / "middle", last_task=False) == [PER_ITER, PER_ITER]
