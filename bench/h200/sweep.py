@@ -76,6 +76,14 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
         st(6, 6, 50, ["--round", "r4", "--per-iter", "16"], "-i16-r4"),
         st(6, 6, 50, ["--round", "r4", "--per-iter", "16", "--builder-workers", "16", "--seed", "1"], "-i16-w16-s1-r4"),
         ev_r4,
+        # Round r5 (session 4): clients start at once, with the MPS daemon and the tracker; servers
+        # follow when both are ready; a client waits for the tracker only at its first measurement.
+        {"id": f"base-{m}-r5", "file": CELLS, "est": 330,
+         "argv": ["tune_cell.py", "--id", f"base-{m}-r5", "--mode", "baseline", "--round", "r5", *base]},
+        st(6, 6, 50, ["--round", "r5", "--per-iter", "16"], "-i16-r5"),
+        st(6, 6, 50, ["--round", "r5", "--per-iter", "16", "--seed", "1"], "-i16-s1-r5"),
+        {**ev_r3, "id": "evaluate-r5", "round": "r5"},
+        st(6, 6, 50, ["--round", "r5", "--per-iter", "16", "--builder-workers", "8"], "-i16-w8-r5"),
     ]
 
 

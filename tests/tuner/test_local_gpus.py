@@ -17,11 +17,12 @@ def planned(spec: dict[str, Any], tmp_path: Path) -> tuple[LocalRun, list[tuple[
     run._spawn = lambda name, args, env=None: calls.append((name, args, env or run._base_env()))  # type: ignore[method-assign]
     import sharetune_tuner.local as local
 
-    sleep, local.time.sleep = local.time.sleep, lambda s: None
+    # Nothing really starts: the servers' readiness waits (MPS daemon, tracker) pass at once.
+    wait, local._wait_until = local._wait_until, lambda ready, limit_s, poll_s=0.05: True
     try:
         run.start_services()
     finally:
-        local.time.sleep = sleep
+        local._wait_until = wait
     return run, calls
 
 

@@ -116,3 +116,16 @@ def test_mps_daemon_without_mps_fails_clearly() -> None:
     r = run_cli("mps-daemon", "--control-binary", "nvidia-cuda-mps-control-not-here")
     assert r.returncode == 6
     assert "nvidia-cuda-mps-control-not-here not found: CUDA MPS needs the NVIDIA driver" in r.stderr
+
+
+@pytest.mark.skipif(bool(__import__("shutil").which("nvidia-cuda-mps-control")), reason="this host has MPS")
+def test_local_run_without_mps_stops_at_the_daemon_with_its_error(tmp_path: Path) -> None:
+    """A GPU job in local mode on a host without MPS: the run stops as soon as the MPS daemon
+    exits, with the daemon's own error, and starts no server without MPS."""
+    spec = job(tmp_path, target="cuda", servers={"replicas": 2, "threadPercentage": 50})
+    r = subprocess.run([sys.executable, "-m", "sharetune.cli", "run", str(spec), "--local", "--workdir",
+                        str(tmp_path / "w")], capture_output=True, text=True, timeout=60)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "mps-daemon exited" in out and "nvidia-cuda-mps-control not found" in out, out
+    assert not list((tmp_path / "w" / "logs").glob("server-*.log")), "a server started without MPS"

@@ -151,6 +151,9 @@ class LocalRun:
             daemons = [p for p in self.procs if p.name.startswith("mps-daemon")]
             _wait_until(lambda: all((self.mps_dir(g) / "pipe" / READY).exists() for g in groups)
                         or any(d.poll() is not None for d in daemons), 15.0)
+            for d in daemons:  # no silent fallback to servers without MPS
+                if d.poll() is not None:
+                    raise RuntimeError(f"{d.name} exited with {d.poll()}:\n{d.tail()}")
         self._spawn("tracker", ["tracker", "--host", "127.0.0.1", "--port", str(self.tracker_port)])
         # A server that finds no tracker retries only after 5 s: start them once it listens.
         _wait_until(lambda: _listening("127.0.0.1", self.tracker_port), 5.0)
