@@ -91,7 +91,7 @@ class TuningJobSpec:
     gpus: int = 1  # GPUs the job's servers spread over: one MPS daemon and servers.replicas servers each
     cost_model: str = "xgb"
     seed: int = 0
-    builder_workers: int | None = None  # per client; None = the client's CPU count
+    builder_workers: int | None = None  # per client; None = sharetune_tuner.cpus.default_builder_workers
     backoff_limit_per_index: int = 3
     output: OutputSpec = field(default_factory=OutputSpec)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)

@@ -89,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "upload the shard's records there (what pods do)")
     c.add_argument("--progress", default=None, help="configmap://ns/job for progress when --store is s3")
     c.add_argument("--sync-interval", type=float, default=10.0)
+    c.add_argument("--clients-on-host", type=int, default=1,
+                   help="clients sharing this host's CPUs: sizes the default builder pool (local mode: all shards)")
     c.add_argument("--session-runner", action="store_true",
                    help="keep one RPC session per runner worker (needs --servers <= this client's share)")
     _tracker_args(c)
@@ -213,6 +215,7 @@ def _client(a: argparse.Namespace) -> int:
                                total_trials=spec.trials.total, trials_per_task=spec.trials.per_task,
                                trials_per_iter=spec.trials.per_iteration, cost_model=spec.cost_model,
                                seed=spec.seed, builder_workers=spec.builder_workers,
+                               clients_on_host=a.clients_on_host,
                                tracker_wait_s=a.tracker_wait, session_runner=a.session_runner,
                                process_started_at=PROCESS_STARTED_AT)
             if sync is not None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 
 from . import metrics, records
 from .builder import PooledBuilder
+from .cpus import default_builder_workers
 from .errors import TrackerError
 from .intrinsics import ensure_registered
 from .partition import budgets, shard_of
@@ -44,7 +44,8 @@ class ClientConfig:
     trials_per_iter: int = 8
     cost_model: str = "xgb"
     seed: int = 0
-    builder_workers: int | None = None
+    builder_workers: int | None = None  # None: cpus.default_builder_workers(clients_on_host)
+    clients_on_host: int = 1  # clients sharing this host's CPUs (local mode: all shards)
     population_size: int | None = None  # evolutionary search; None = sized to the batch
     session_timeout_s: int = 60
     tracker_wait_s: float = 60.0
@@ -289,7 +290,7 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     progress.state = "tuning"
     progress.write(progress_path)
 
-    cores = cfg.builder_workers or os.cpu_count() or 1
+    cores = cfg.builder_workers or default_builder_workers(cfg.clients_on_host)
     builder = PooledBuilder(max_workers=cores, timeout_sec=60.0, export_shared_lib=cfg.session_runner)
     rpc_config = ms.runner.RPCConfig(tracker_host=cfg.tracker_host, tracker_port=cfg.tracker_port,
                                      tracker_key=cfg.tracker_key, session_timeout_sec=cfg.session_timeout_s)

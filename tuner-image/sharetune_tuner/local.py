@@ -177,7 +177,7 @@ class LocalRun:
             else ["--servers", str(replicas)]
         return ["client", "--job", str(self.job_path), "--shard", str(i), "--shards", str(shards),
                 "--work-dir", str(self.shard_dir(i)), "--tracker", f"127.0.0.1:{self.tracker_port}",
-                "--key", self.key, *runner]
+                "--key", self.key, "--clients-on-host", str(shards), *runner]
 
     def start_client(self, i: int) -> Proc:
         return self._spawn(f"client-{i}", self.client_args(i))

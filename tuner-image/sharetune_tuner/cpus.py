@@ -1,0 +1,48 @@
+"""How many builder workers (and search threads) a client uses when the job does not say.
+
+``os.cpu_count()`` is the host's core count: in a pod with a CPU limit, or with several clients
+on one host (local mode), a pool that size oversubscribes the CPU many times over. Measured on
+the H200 machine (16 cores, 6 clients, bench/results/h200-cells.jsonl round r4): 16 workers per
+client failed 68 of 96 trials, 6 per client (2 x cores / clients) failed none in nine runs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+def cgroup_cpu_limit(cpu_max: Path = CGROUP_CPU_MAX) -> float | None:
+    """The cgroup v2 CPU limit in cores (``cpu.max`` = "<quota> <period>", or "max <period>")."""
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    try:
+        return int(quota) / int(period)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def available_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
+    """CPUs this process may use: its affinity mask, capped by its cgroup's CPU limit."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    limit = cgroup_cpu_limit(cpu_max)
+    if limit is not None:
+        n = min(n, max(1, math.ceil(limit)))
+    return max(1, n)
+
+
+def default_builder_workers(clients_on_host: int = 1, cpus: int | None = None) -> int:
+    """Twice this client's share of the CPUs (a client's own search and its builds alternate, so
+    2x keeps the cores busy), never more than the CPUs."""
+    cpus = cpus or available_cpus()
+    return max(1, min(cpus, math.ceil(2 * cpus / max(1, clients_on_host))))
