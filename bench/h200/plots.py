@@ -140,22 +140,28 @@ def main() -> int:
     fig.tight_layout()
     fig.savefig(DOCS / "h200-quality-heatmap.png", dpi=110)
     plt.close(fig)
-    _round_r3(plt, tuning)
+    _rounds(plt, tuning, ["r3/resnet18", "r3/resnet50"], "h200-r3.png",
+            "H200 round r3: 96 trials (6 tasks x 16); blue ResNet-18, orange ResNet-50; dashed: goal 5x")
+    _rounds(plt, tuning, ["r4/resnet18", "r5/resnet18"], "h200-r4-r5.png",
+            "H200 rounds r4 (blue) and r5 (orange, change not kept), ResNet-18, 96 trials; dashed: goal 5x")
     print("wrote", *(DOCS / n for n in ("h200-throughput.png", "h200-quality-over-time.png", "h200-quality-heatmap.png",
-                                         "h200-r3.png")))
+                                         "h200-r3.png", "h200-r4-r5.png")))
     return 0
 
 
-def _round_r3(plt: Any, tuning: dict[str, Any]) -> None:
-    """Round r3: throughput and latency ratios of every run against its model's baseline of the
-    same round, ResNet-18 and ResNet-50 side by side, with the goals drawn in."""
-    rows = [r for key in ("r3/resnet18", "r3/resnet50") if key in tuning["by_round"]
+def _rounds(plt: Any, tuning: dict[str, Any], keys: list[str], file: str, title: str) -> None:
+    """Throughput and latency ratios of every run of the given rounds ("r3/resnet18", ...), each
+    against the baseline of its own round and model, coloured by key, with the goals drawn in."""
+    rows = [r for key in keys if key in tuning["by_round"]
             for r in tuning["by_round"][key]["sweep"] if r["mode"] == "sharetune"]
     if not rows:
         return
-    names = [r["id"].replace("st-", "").replace("-r3", "") for r in rows]
+    names = [r["id"].replace("st-", "") for r in rows]
     fig, ax = plt.subplots(1, 2, figsize=(14, 4.6))
-    colours = ["tab:blue" if r["model"] == "resnet18" else "tab:orange" for r in rows]
+    palette = {f"{r.get('round') or 'r1-r2'}/{r['model']}": c for r, c in zip(
+        [next(x for x in tuning["by_round"][k]["sweep"]) for k in keys if k in tuning["by_round"]],
+        ["tab:blue", "tab:orange", "tab:green"])}
+    colours = [palette[f"{r.get('round') or 'r1-r2'}/{r['model']}"] for r in rows]
     ax[0].bar(names, [r["throughput_ratio"] for r in rows], color=colours)
     for i, r in enumerate(rows):
         ax[0].text(i, r["throughput_ratio"], f"{r['throughput_ratio']:.2f}x\n{r['wall_s']:.0f} s, cpu {r['cpu_util_mean_pct']:.0f}%",
@@ -163,8 +169,7 @@ def _round_r3(plt: Any, tuning: dict[str, Any]) -> None:
     ax[0].axhline(5, ls="--", color="k", lw=1)
     ax[0].set_ylim(0, 1.2 * max(r["throughput_ratio"] for r in rows))
     ax[0].set_ylabel("throughput ratio (trials/s vs the round's baseline)")
-    ax[0].set_title("H200 round r3: 96 trials (6 tasks x 16); blue ResNet-18, orange ResNet-50; dashed: goal 5x",
-                    fontsize=9)
+    ax[0].set_title(title, fontsize=9)
     ax[0].tick_params(axis="x", rotation=20, labelsize=8)
     lat = [r.get("latency_ratio") or 0 for r in rows]
     ax[1].bar(names, lat, color=colours)
@@ -175,7 +180,7 @@ def _round_r3(plt: Any, tuning: dict[str, Any]) -> None:
     ax[1].set_title("tuned model quality (dashed: goal <= 1.05)", fontsize=9)
     ax[1].tick_params(axis="x", rotation=20, labelsize=8)
     fig.tight_layout()
-    fig.savefig(DOCS / "h200-r3.png", dpi=110)
+    fig.savefig(DOCS / file, dpi=110)
     plt.close(fig)
 
 

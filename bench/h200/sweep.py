@@ -78,6 +78,8 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
         ev_r4,
         # Round r5 (session 4): clients start at once, with the MPS daemon and the tracker; servers
         # follow when both are ready; a client waits for the tracker only at its first measurement.
+        # Measured slower than r4 and reverted (r5-change.diff is the change): re-running these cells
+        # now measures the r4 code.
         {"id": f"base-{m}-r5", "file": CELLS, "est": 330,
          "argv": ["tune_cell.py", "--id", f"base-{m}-r5", "--mode", "baseline", "--round", "r5", *base]},
         st(6, 6, 50, ["--round", "r5", "--per-iter", "16"], "-i16-r5"),
