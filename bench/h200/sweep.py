@@ -86,6 +86,15 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
         st(6, 6, 50, ["--round", "r5", "--per-iter", "16", "--seed", "1"], "-i16-s1-r5"),
         {**ev_r3, "id": "evaluate-r5", "round": "r5"},
         st(6, 6, 50, ["--round", "r5", "--per-iter", "16", "--builder-workers", "8"], "-i16-w8-r5"),
+        # Round r6 (session 5): the clients share one build service of the host's 16 cores
+        # (build_service.py, local mode's default now) against r4's 6 workers per client (-w6),
+        # both against this round's own baseline; then seed 1.
+        {"id": f"base-{m}-r6", "file": CELLS, "est": 330,
+         "argv": ["tune_cell.py", "--id", f"base-{m}-r6", "--mode", "baseline", "--round", "r6", *base]},
+        st(6, 6, 50, ["--round", "r6", "--per-iter", "16"], "-i16-r6"),
+        st(6, 6, 50, ["--round", "r6", "--per-iter", "16", "--builder-workers", "6"], "-i16-w6-r6"),
+        st(6, 6, 50, ["--round", "r6", "--per-iter", "16", "--seed", "1"], "-i16-s1-r6"),
+        {**ev_r3, "id": "evaluate-r6", "round": "r6"},
     ]
 
 
@@ -173,6 +182,10 @@ def main() -> int:
             for p in (RUN_ROOT / "runs").glob("*/**/*"):
                 if p.is_file() and (p.name.startswith("database_") or p.name in ("progress.json", "client.json",
                                                                                  "job.yaml", "prepared.json")):
+                    tar.add(p, arcname=str(p.relative_to(RUN_ROOT)))
+                # from round r6 on, the processes' logs too (a failed trial's reason is in them)
+                elif p.suffix == ".log" and p.parent.name == "logs" and p.stat().st_size < 2_000_000 \
+                        and any(p.parent.parent.name.endswith(r) for r in ("-r6", "-r7")):
                     tar.add(p, arcname=str(p.relative_to(RUN_ROOT)))
         if (RUN_ROOT / "sweep.log").exists():
             (Path(out) / "sweep.log").write_text((RUN_ROOT / "sweep.log").read_text()[-400_000:])

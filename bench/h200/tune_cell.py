@@ -101,7 +101,11 @@ def run_sharetune(a: argparse.Namespace, wd: Path) -> dict[str, Any]:
     from sharetune.spec import load_job
     from sharetune_tuner.local import LocalRun, Proc
 
-    workers = a.builder_workers or min(os.cpu_count() or 1, math.ceil(2 * (os.cpu_count() or 1) / a.clients))
+    # --builder-workers N: every client its own pool of N (rounds up to r5: N = 2 x cores / clients);
+    # default: the clients share one build service of the host's cores (local mode's default).
+    shared = a.builder_workers is None and a.clients > 1
+    workers = a.builder_workers or (os.cpu_count() or 1 if shared else
+                                    min(os.cpu_count() or 1, math.ceil(2 * (os.cpu_count() or 1) / a.clients)))
     mps = a.pct < 100 or a.servers > 1
     job = wd / "job.yaml"
     job.write_text(f"""apiVersion: sharetune.io/v1alpha1
@@ -121,7 +125,7 @@ spec:
     threadPercentage: {a.pct}
   clients:
     shards: {a.clients}
-    builderWorkers: {workers}
+{"" if shared else f"    builderWorkers: {workers}"}
   gpuSharing:
     mps: {str(mps).lower()}
   costModel: xgb
@@ -160,7 +164,9 @@ spec:
         tasks += [{"name": t["name"], "workload_hash": t["workload_hash"], "budget": t["budget"]}
                   for t in pr.get("tasks", [])]
     return {"t0": t0, "t1": t1, "db_dirs": [str(d) for d in dbs], "sampler": sampler, "phases": phases,
-            "builder": "PooledBuilder(build_without_intrinsics, export .so)", "runner": "SessionRPCRunner",
+            "builder": ("build service: one PooledBuilder for all clients" if shared else "PooledBuilder")
+                       + "(build_without_intrinsics, export .so)",
+            "shared_builder": shared, "runner": "SessionRPCRunner",
             "tasks": tasks, "mps": mps, "mps_server_list": mps_check, "builder_workers": workers,
             "client_startup": startup,
             "pop_per_cand": a.pop_per_cand or 8,

@@ -32,6 +32,11 @@ def test_local_run_tunes_merges_and_beats_untuned(tmp_path: Path) -> None:
     tuned = [t for t in s["tasks"] if t["flops"] > 1e6]
     assert tuned and all(t["trials"] >= 8 and t["best_latency_us"] for t in tuned)
     assert "end-to-end latency: untuned" in r.stdout
+    # The two clients built every candidate in the shared build service (none fell back).
+    service_log = (tmp_path / "run" / "logs" / "build-service.log").read_text()
+    assert "build service stopped: 48 builds (ok 48" in service_log, service_log[-2000:]
+    for i in range(2):
+        assert "unusable" not in (tmp_path / "run" / "logs" / f"client-{i}.log").read_text()
     # Nothing left running: the run's processes were stopped by process group.
     ps = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True)
     assert ps.stdout.strip() == ""

@@ -4,6 +4,7 @@
   tracker      TVM RPC tracker
   server       TVM RPC server under a key, with MPS thread-percentage / pinned-memory limits
   client       tunes one shard of the model's tasks (resumable)
+  build-service  one builder pool for all the clients of a host (local mode)
   merge        merges shard databases, compiles, checks, measures, writes the summary
 
 Each serves /metrics and /healthz on --metrics-port (0 = any free port, -1 = off) and stops
@@ -91,10 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--sync-interval", type=float, default=10.0)
     c.add_argument("--clients-on-host", type=int, default=1,
                    help="clients sharing this host's CPUs: sizes the default builder pool (local mode: all shards)")
+    c.add_argument("--build-service", type=Path, default=None,
+                   help="Unix socket of the host's build service (local mode); default: build in this client")
     c.add_argument("--session-runner", action="store_true",
                    help="keep one RPC session per runner worker (needs --servers <= this client's share)")
     _tracker_args(c)
     _common(c)
+
+    b = sub.add_parser("build-service", help="one builder pool for all the tuning clients of this host")
+    b.add_argument("--socket", type=Path, required=True, help="Unix socket to listen on")
+    b.add_argument("--workers", type=int, default=None, help="builder processes (default: this host's CPUs)")
+    b.add_argument("--timeout", type=float, default=60.0, help="seconds one build may take")
+    _common(b)
 
     g = sub.add_parser("merge", help="merge shard records, compile, check and measure the tuned model")
     g.add_argument("--job", type=Path, required=True)
@@ -165,6 +174,12 @@ def run(a: argparse.Namespace) -> int:
         d = MpsDaemon(a.pipe_dir, a.log_dir, a.thread_percentage, a.pinned_memory_limit, a.control_binary,
                       require_gpu=a.gpu_check)
         return _serve(a.metrics_port, d.health, d.run)
+    if a.cmd == "build-service":
+        from .build_service import BuildService
+        from .cpus import available_cpus
+
+        svc = BuildService(a.socket, a.workers or available_cpus(), a.timeout)
+        return _serve(a.metrics_port, None, svc.serve)
     if a.cmd == "client":
         return _client(a)
     if a.cmd == "merge":
@@ -215,7 +230,7 @@ def _client(a: argparse.Namespace) -> int:
                                total_trials=spec.trials.total, trials_per_task=spec.trials.per_task,
                                trials_per_iter=spec.trials.per_iteration, cost_model=spec.cost_model,
                                seed=spec.seed, builder_workers=spec.builder_workers,
-                               clients_on_host=a.clients_on_host,
+                               clients_on_host=a.clients_on_host, build_service=a.build_service,
                                tracker_wait_s=a.tracker_wait, session_runner=a.session_runner,
                                process_started_at=PROCESS_STARTED_AT)
             if sync is not None:

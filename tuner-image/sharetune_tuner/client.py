@@ -46,6 +46,7 @@ class ClientConfig:
     seed: int = 0
     builder_workers: int | None = None  # None: cpus.default_builder_workers(clients_on_host)
     clients_on_host: int = 1  # clients sharing this host's CPUs (local mode: all shards)
+    build_service: Path | None = None  # the host's shared builder pool (build_service.py), if any
     population_size: int | None = None  # evolutionary search; None = sized to the batch
     session_timeout_s: int = 60
     tracker_wait_s: float = 60.0
@@ -291,7 +292,13 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     progress.write(progress_path)
 
     cores = cfg.builder_workers or default_builder_workers(cfg.clients_on_host)
-    builder = PooledBuilder(max_workers=cores, timeout_sec=60.0, export_shared_lib=cfg.session_runner)
+    if cfg.build_service is not None:
+        from .remote_builder import RemoteBuilder
+
+        builder = RemoteBuilder(cfg.build_service, fallback_workers=cores, timeout_sec=60.0,
+                                export_shared_lib=cfg.session_runner)
+    else:
+        builder = PooledBuilder(max_workers=cores, timeout_sec=60.0, export_shared_lib=cfg.session_runner)
     rpc_config = ms.runner.RPCConfig(tracker_host=cfg.tracker_host, tracker_port=cfg.tracker_port,
                                      tracker_key=cfg.tracker_key, session_timeout_sec=cfg.session_timeout_s)
     evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20)

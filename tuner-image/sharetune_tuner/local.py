@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -19,6 +21,7 @@ from typing import Any
 
 from sharetune.procs import free_port, stop_group
 
+from .build_service import AUTHKEY_ENV
 from .client import PROGRESS
 from .mps import READY
 
@@ -92,12 +95,19 @@ class LocalRun:
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
         self.tracker_port = free_port()
+        self.build_authkey = secrets.token_hex(16)
+        self.build_socket: Path | None = None
+
+    def shares_builder(self) -> bool:
+        """One build service for all clients (build_service.py) unless the job sizes each client's
+        own pool (clients.builderWorkers) or there is only one client."""
+        return self.spec.shards > 1 and self.spec.builder_workers is None
 
     # ---- processes ---------------------------------------------------------------------------
     def _base_env(self) -> dict[str, str]:
         from sharetune.gpuenv import NO_MULTICAST
 
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **NO_MULTICAST}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **NO_MULTICAST, AUTHKEY_ENV: self.build_authkey}
         if self.spec.uses_mps:  # the first GPU's daemon: the merge measures there
             env.update(self.mps_env(self.gpu_groups()[0]))
         return env
@@ -141,6 +151,13 @@ class LocalRun:
 
     def start_services(self) -> None:
         groups = self.gpu_groups()
+        if self.shares_builder():
+            # First: its workers start (import tvm) while the daemon and servers come up. A short
+            # directory of its own: Unix socket paths are limited to 107 bytes.
+            import tempfile
+
+            self.build_socket = Path(tempfile.mkdtemp(prefix="sharetune-build-")) / "sock"
+            self._spawn("build-service", ["build-service", "--socket", str(self.build_socket)])
         if self.spec.uses_mps:
             pct = self.spec.servers.thread_percentage
             for g in groups:
@@ -177,7 +194,8 @@ class LocalRun:
             else ["--servers", str(replicas)]
         return ["client", "--job", str(self.job_path), "--shard", str(i), "--shards", str(shards),
                 "--work-dir", str(self.shard_dir(i)), "--tracker", f"127.0.0.1:{self.tracker_port}",
-                "--key", self.key, "--clients-on-host", str(shards), *runner]
+                "--key", self.key, "--clients-on-host", str(shards), *runner,
+                *(["--build-service", str(self.build_socket)] if self.build_socket else [])]
 
     def start_client(self, i: int) -> Proc:
         return self._spawn(f"client-{i}", self.client_args(i))
@@ -186,6 +204,8 @@ class LocalRun:
         self.stopping = True  # run_clients (maybe in another thread) returns instead of restarting
         for p in reversed(self.procs):
             p.stop()
+        if self.build_socket is not None:
+            shutil.rmtree(self.build_socket.parent, ignore_errors=True)
 
     def metrics_targets(self) -> list[str]:
         return [f"127.0.0.1:{p.metrics_port}" for p in self.procs if p.poll() is None]

@@ -24,6 +24,8 @@ THREAD_PERCENTAGE = Gauge("sharetune_mps_thread_percentage", "CUDA_MPS_ACTIVE_TH
                           ["key", "server"])
 GPU_UTIL = Gauge("sharetune_gpu_utilization_percent", "GPU utilisation (NVML)", ["gpu", "server"])
 GPU_MEM = Gauge("sharetune_gpu_memory_used_bytes", "GPU memory in use (NVML)", ["gpu", "server"])
+BUILDS = Counter("sharetune_builds", "Candidate builds done by the host's build service, by outcome", ["status"])
+BUILDS_IN_FLIGHT = Gauge("sharetune_builds_in_flight", "Candidates queued or building in the build service")
 MPS_UP = Gauge("sharetune_mps_daemon_up", "1 while the MPS control daemon answers", ["pipe_dir"])
 
 TRIAL_STATUSES = ("ok", "build_error", "run_error")
