@@ -94,6 +94,7 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
         st(6, 6, 50, ["--round", "r6", "--per-iter", "16"], "-i16-r6"),
         st(6, 6, 50, ["--round", "r6", "--per-iter", "16", "--builder-workers", "6"], "-i16-w6-r6"),
         st(6, 6, 50, ["--round", "r6", "--per-iter", "16", "--seed", "1"], "-i16-s1-r6"),
+        st(6, 6, 50, ["--round", "r6", "--per-iter", "16"], "-i16-rep-r6"),
         {**ev_r3, "id": "evaluate-r6", "round": "r6"},
     ]
 
@@ -148,7 +149,7 @@ def main() -> int:
             runs = pending_eval(a.model, step.get("round"))
             if not runs:
                 continue
-            est = 150 + 35 * len(runs)
+            est = 60 + 20 * len(runs)  # measured: evaluate-r4, 4 runs, 55 s
             step = {**step, "argv": [*step["argv"], "--runs", ",".join(runs)]}
         else:
             if step["id"] in load_cells(step["file"]):
