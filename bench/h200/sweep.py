@@ -96,6 +96,13 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
         st(6, 6, 50, ["--round", "r6", "--per-iter", "16", "--seed", "1"], "-i16-s1-r6"),
         st(6, 6, 50, ["--round", "r6", "--per-iter", "16"], "-i16-rep-r6"),
         {**ev_r3, "id": "evaluate-r6", "round": "r6"},
+        # Round r7 (session 5): r6's cells ran on two machines (the second call got a fresh one,
+        # ~1.5x slower: intrinsics cache 29.9 s vs 20.1 s), so the shared-service vs own-pool A/B
+        # is repeated on one machine, two seeds each, interleaved. No baseline: the device time left.
+        st(6, 6, 50, ["--round", "r7", "--per-iter", "16"], "-i16-r7"),
+        st(6, 6, 50, ["--round", "r7", "--per-iter", "16", "--builder-workers", "6"], "-i16-w6-r7"),
+        st(6, 6, 50, ["--round", "r7", "--per-iter", "16", "--seed", "1"], "-i16-s1-r7"),
+        st(6, 6, 50, ["--round", "r7", "--per-iter", "16", "--builder-workers", "6", "--seed", "1"], "-i16-w6-s1-r7"),
     ]
 
 
