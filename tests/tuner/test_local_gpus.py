@@ -23,6 +23,7 @@ def planned(spec: dict[str, Any], tmp_path: Path) -> tuple[LocalRun, list[tuple[
         run.start_services()
     finally:
         local._wait_until = wait
+        run.stop_all()  # nothing runs; removes the build service's socket directory
     return run, calls
 
 
@@ -30,7 +31,7 @@ def test_two_gpus_get_a_daemon_each_and_their_own_servers(tmp_path: Path) -> Non
     run, calls = planned({"model": {"name": "tiny_cnn"}, "target": "cuda", "gpuSharing": {"gpus": 2},
                           "servers": {"replicas": 3, "threadPercentage": 30}, "clients": {"shards": 2}}, tmp_path)
     names = [c[0] for c in calls]
-    assert names == ["mps-daemon-0", "mps-daemon-1", "tracker", "server-0-0", "server-0-1", "server-0-2",
+    assert names == ["build-service", "mps-daemon-0", "mps-daemon-1", "tracker", "server-0-0", "server-0-1", "server-0-2",
                      "server-1-0", "server-1-1", "server-1-2"]
     env = {c[0]: c[2] for c in calls}
     for g in (0, 1):
@@ -52,12 +53,28 @@ def test_two_gpus_without_mps_pin_each_server_to_its_gpu(tmp_path: Path) -> None
     _, calls = planned({"model": {"name": "tiny_cnn"}, "target": "cuda", "gpuSharing": {"gpus": 2, "mps": False},
                         "servers": {"replicas": 1}}, tmp_path)
     env = {c[0]: c[2] for c in calls}
-    assert [n for n in env] == ["tracker", "server-0-0", "server-1-0"]
+    assert [n for n in env] == ["build-service", "tracker", "server-0-0", "server-1-0"]
     assert env["server-0-0"]["CUDA_VISIBLE_DEVICES"] == "0" and env["server-1-0"]["CUDA_VISIBLE_DEVICES"] == "1"
 
 
 def test_cpu_and_single_gpu_layouts_are_unchanged(tmp_path: Path) -> None:
     _, calls = planned({"model": {"name": "tiny_cnn"}, "servers": {"replicas": 2}, "gpuSharing": {"gpus": 4}}, tmp_path)
-    assert [c[0] for c in calls] == ["tracker", "server-0", "server-1"]
+    assert [c[0] for c in calls] == ["build-service", "tracker", "server-0", "server-1"]
     _, calls = planned({"model": {"name": "tiny_cnn"}, "target": "cuda", "servers": {"replicas": 2}}, tmp_path / "g")
-    assert [c[0] for c in calls] == ["mps-daemon", "tracker", "server-0", "server-1"]
+    assert [c[0] for c in calls] == ["build-service", "mps-daemon", "tracker", "server-0", "server-1"]
+
+
+def test_clients_share_one_build_service_unless_the_job_sizes_their_pools(tmp_path: Path) -> None:
+    run, calls = planned({"model": {"name": "tiny_cnn"}, "clients": {"shards": 3}}, tmp_path / "a")
+    assert [c[0] for c in calls].count("build-service") == 1
+    service = calls[0][1]
+    for i in range(3):  # every client is pointed at that one socket, with the run's key in its env
+        args = run.client_args(i)
+        assert args[args.index("--build-service") + 1] == service[service.index("--socket") + 1]
+    assert run._base_env()["SHARETUNE_BUILD_AUTHKEY"] == run.build_authkey
+    assert len(run.build_socket.as_posix()) < 100  # AF_UNIX paths are limited to 107 bytes
+    for k, spec in enumerate(({"model": {"name": "tiny_cnn"}, "clients": {"shards": 3, "builderWorkers": 4}},
+                 {"model": {"name": "tiny_cnn"}, "clients": {"shards": 1}})):
+        run, calls = planned(spec, tmp_path / f"b{k}")
+        assert "build-service" not in [c[0] for c in calls]
+        assert "--build-service" not in run.client_args(0)
