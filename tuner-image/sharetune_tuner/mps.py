@@ -16,6 +16,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import metrics
@@ -25,6 +26,26 @@ log = logging.getLogger("sharetune.mps")
 
 
 READY = "sharetune-ready"  # in the pipe directory: the daemon answers and has its defaults
+
+def _dies_with(parent: int) -> Callable[[], None]:
+    """The control daemon runs in a session of its own (stopped with ``quit``, then its group), so
+    a SIGKILLed wrapper would leave it running: in a pod the container's end takes it along, but in
+    local mode and the fault simulator it stayed (found as a leftover after a CI run). The kernel
+    sends it SIGTERM when the thread that started it ends; ``run`` starts it from the main thread,
+    i.e. when the wrapper process ends."""
+
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before the fork: the child only calls it
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGTERM)
+        if os.getppid() != parent:  # the wrapper died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
 
 class MpsDaemon:
     def __init__(self, pipe_dir: Path, log_dir: Path, thread_percentage: int | None = None,
@@ -78,7 +99,8 @@ class MpsDaemon:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         out = open(self.log_dir / "sharetune-mps-control.out", "ab")
         self.proc = subprocess.Popen([binary, "-f"], env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=_dies_with(os.getpid()))
         out.close()
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
