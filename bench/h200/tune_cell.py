@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -99,13 +98,14 @@ def run_sharetune(a: argparse.Namespace, wd: Path) -> dict[str, Any]:
     if a.pop_per_cand:
         os.environ["BENCH_POP_PER_CAND"] = str(a.pop_per_cand)
     from sharetune.spec import load_job
+    from sharetune_tuner.cpus import default_builder_workers
     from sharetune_tuner.local import LocalRun, Proc
 
     # --builder-workers N: every client its own pool of N (rounds up to r5: N = 2 x cores / clients);
     # default: the clients share one build service of the host's cores (local mode's default).
     shared = a.builder_workers is None and a.clients > 1
     workers = a.builder_workers or (os.cpu_count() or 1 if shared else
-                                    min(os.cpu_count() or 1, math.ceil(2 * (os.cpu_count() or 1) / a.clients)))
+                                    default_builder_workers(a.clients, os.cpu_count()))
     mps = a.pct < 100 or a.servers > 1
     job = wd / "job.yaml"
     job.write_text(f"""apiVersion: sharetune.io/v1alpha1

@@ -63,9 +63,6 @@ class BuildService:
         self.workers = workers
         self.timeout_s = timeout_s
         self.pool = PopenPoolExecutor(max_workers=workers, timeout=timeout_s, maximum_process_uses=max_uses)
-        self._in_flight = 0
-        self._lock = threading.Lock()
-        self.counts = {"ok": 0, "error": 0, "timeout": 0}
 
     def warm(self) -> None:
         futures = [self.pool.submit(_warm_up) for _ in range(self.workers)]
@@ -73,37 +70,24 @@ class BuildService:
         log.info("build service: %d workers warm", len(pids))
 
     def build(self, export: bool, items: list[Item]) -> list[Result]:
-        from tvm.s_tir.meta_schedule.builder.local_builder import _worker_func
-        from tvm.support.popen_pool import StatusKind
+        from .builder import build_batch, export_shared
 
-        from .builder import build_without_intrinsics, export_shared
-
-        f_export = export_shared if export else None
-        args = [(build_without_intrinsics, f_export, mod, target, params) for mod, target, params in items]
-        with self._lock:
-            self._in_flight += len(items)
-            metrics.BUILDS_IN_FLIGHT.set(self._in_flight)
-        out: list[Result] = []
-        status = "ok"
+        metrics.BUILDS_IN_FLIGHT.inc(len(items))
         try:
-            for r in self.pool.map_with_error_catching(lambda x: _worker_func(*x), args):
-                if r.status == StatusKind.COMPLETE:
-                    out.append((r.value, None))
-                    status = "ok"
-                elif r.status == StatusKind.TIMEOUT:
-                    out.append((None, f"build service: timeout, killed after {self.timeout_s} s"))
-                    status = "timeout"
-                else:
-                    out.append((None, f"build service: an exception occurred\n{r.value}"))
-                    status = "error"
-                metrics.BUILDS.labels(status).inc()
-                with self._lock:
-                    self.counts[status] += 1
+            built = build_batch(self.pool, export_shared if export else None, items, self.timeout_s, "build service")
         finally:
-            with self._lock:
-                self._in_flight -= len(items)
-                metrics.BUILDS_IN_FLIGHT.set(self._in_flight)
-        return out
+            metrics.BUILDS_IN_FLIGHT.dec(len(items))
+        for _, _, status in built:
+            metrics.BUILDS.labels(status).inc()
+        return [(path, error) for path, error, _ in built]
+
+    @staticmethod
+    def counts() -> dict[str, int]:
+        """Builds so far by status, as /metrics reports them."""
+        from prometheus_client import REGISTRY
+
+        return {s: int(REGISTRY.get_sample_value("sharetune_builds_total", {"status": s}) or 0)
+                for s in ("ok", "error", "timeout")}
 
     def _handle(self, conn: Connection) -> None:
         with conn:
@@ -142,6 +126,7 @@ class BuildService:
             listener.close()
             self.socket_path.unlink(missing_ok=True)
             self.pool.shutdown()
+            n = self.counts()
             log.info("build service stopped: %d builds (ok %d, error %d, timeout %d)",
-                     sum(self.counts.values()), self.counts["ok"], self.counts["error"], self.counts["timeout"])
+                     sum(n.values()), n["ok"], n["error"], n["timeout"])
         return 0

@@ -43,6 +43,26 @@ def export_shared(mod: Any) -> str:
     return path
 
 
+# One built candidate: (artifact path, None, "ok") or (None, error message, "error" | "timeout").
+Built = tuple[str | None, str | None, str]
+
+
+def build_batch(pool: PopenPoolExecutor, f_export: Any, items: list[tuple[Any, Any, Any]],
+                timeout_s: float, who: str) -> list[Built]:
+    """Builds (IRModule, Target, serialized params) candidates on ``pool``, in order; shared by
+    ``PooledBuilder`` and the host's build service (build_service.py)."""
+    args = [(build_without_intrinsics, f_export, mod, target, params) for mod, target, params in items]
+    out: list[Built] = []
+    for r in pool.map_with_error_catching(lambda x: _worker_func(*x), args):
+        if r.status == StatusKind.COMPLETE:
+            out.append((r.value, None, "ok"))
+        elif r.status == StatusKind.TIMEOUT:
+            out.append((None, f"{who}: timeout, killed after {timeout_s} s", "timeout"))
+        else:
+            out.append((None, f"{who}: an exception occurred\n{r.value}", "error"))
+    return out
+
+
 @derived_object
 class PooledBuilder(PyBuilder):
     def __init__(self, max_workers: int, timeout_sec: float = 60.0, max_uses: int = 64,
@@ -55,16 +75,9 @@ class PooledBuilder(PyBuilder):
                                       maximum_process_uses=max_uses)
 
     def build(self, build_inputs: list[Any]) -> list[Any]:
-        results = []
-        args = [(build_without_intrinsics, self.f_export, b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
-        for r in self.pool.map_with_error_catching(lambda x: _worker_func(*x), args):
-            if r.status == StatusKind.COMPLETE:
-                results.append(BuilderResult(r.value, None))
-            elif r.status == StatusKind.TIMEOUT:
-                results.append(BuilderResult(None, f"PooledBuilder: timeout, killed after {self.timeout_sec} s"))
-            else:
-                results.append(BuilderResult(None, f"PooledBuilder: an exception occurred\n{r.value}"))
-        return results
+        items = [(b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
+        return [BuilderResult(path, error) for path, error, _ in
+                build_batch(self.pool, self.f_export, items, self.timeout_sec, "PooledBuilder")]
 
     def shutdown(self) -> None:
         self.pool.shutdown()

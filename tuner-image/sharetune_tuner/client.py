@@ -12,6 +12,7 @@ import json
 import logging
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from .errors import TrackerError
 from .intrinsics import ensure_registered
 from .partition import budgets, shard_of
 from .tasks import Task, extract
+from .write_ahead import RecordLines, make_write_ahead_commit
 
 log = logging.getLogger("sharetune.client")
 PROGRESS = "progress.json"
@@ -53,8 +55,12 @@ class ClientConfig:
     # One RPC session per runner worker, kept for the whole shard (runner.SessionRPCRunner), and
     # candidates linked by the builder. Needs `servers` <= this client's share of the servers.
     session_runner: bool = False
-    # Called after each search round, once its records are in the database (the sync uploads
-    # them right away instead of waiting for its next tick: a killed pod loses nothing measured).
+    # Called with each measured batch's record lines before they are committed to the local
+    # database; True once the shard is stored with them (write_ahead.py: a killed pod then loses
+    # nothing its database held). None: stock AddToDatabase (local mode, no store).
+    before_commit: Callable[[bytes], bool] | None = field(default=None, compare=False, repr=False)
+    # Called after each search round, once its progress is written (the sync uploads it right
+    # away instead of waiting for its next tick: the job's status follows the rounds).
     on_round: Callable[[], None] | None = field(default=None, compare=False, repr=False)
     process_started_at: float | None = None  # time.time() when the process began (start-up report)
 
@@ -312,13 +318,21 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     database = ms.database.JSONDatabase(work_dir=str(cfg.work_dir))
     # One cost model for the whole shard: it keeps learning across this shard's tasks.
     cost_model = ms.CostModel.create(cfg.cost_model, num_tuning_cores=cores)
-    with ms.Profiler() as prof:
+    with ms.Profiler() as prof, ExitStack() as cleanup:
+        stage = None
+        if cfg.before_commit is not None:
+            stage = RecordLines(cfg.work_dir)
+            cleanup.callback(stage.close)
         for i, (task, tp) in enumerate(todo):
             remaining = tp.budget - tp.done
             ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
                 [task.extracted], work_dir=str(cfg.work_dir / "logs"), strategy=search_strategy(cfg),
                 num_threads=cores, seed=cfg.seed * 1000 + cfg.shard * 100 + i + tp.done)
-            callbacks = [ms.measure_callback.AddToDatabase(), ms.measure_callback.RemoveBuildArtifact(),
+            if stage is not None and cfg.before_commit is not None:
+                commit = make_write_ahead_commit(database, stage, ctxs[0].mod, ctxs[0].target, cfg.before_commit)
+            else:
+                commit = ms.measure_callback.AddToDatabase()
+            callbacks = [commit, ms.measure_callback.RemoveBuildArtifact(),
                          _make_cost_model_callback(tp, last_task=i == len(todo) - 1),
                          _make_progress_callback(cfg, progress, tp, progress_path)]
             ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=str(cfg.work_dir / "logs"),

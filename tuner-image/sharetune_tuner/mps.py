@@ -27,6 +27,7 @@ log = logging.getLogger("sharetune.mps")
 
 READY = "sharetune-ready"  # in the pipe directory: the daemon answers and has its defaults
 
+
 def _dies_with(parent: int) -> Callable[[], None]:
     """The control daemon runs in a session of its own (stopped with ``quit``, then its group), so
     a SIGKILLed wrapper would leave it running: in a pod the container's end takes it along, but in

@@ -1,8 +1,9 @@
 """Keeps a shard's records and progress in the job's store while the client tunes.
 
-The local database is the working copy; after every search round (``poke``), every
-``interval_s`` and at exit it is packed and put into the store, and the progress JSON into the
-shard's ConfigMap, where the operator reads it.
+The local database is the working copy. Each measured batch is stored before the database
+commits it (``write_ahead``: the store never lags what a killed pod's database held); after
+every search round (``poke``), every ``interval_s`` and at exit the shard is packed and put into
+the store, and the progress JSON into the shard's ConfigMap, where the operator reads it.
 A failed upload (store down) keeps the records on disk and is retried on the next tick: trials
 are never lost, only reported later. A restarted client pod restores its shard from the store
 before tuning, then resumes from those records.
@@ -38,6 +39,11 @@ class ShardSync:
         self._thread = threading.Thread(target=self._loop, name="shard-sync", daemon=True)
         self.uploads = 0
         self.failures = 0
+        self._failing = False  # the last upload failed: write_ahead does not wait for the store
+        # The latest write-ahead request: (record lines, the records file's length they follow,
+        # set once tried, [stored?]). Only the sync thread puts to the store: uploads stay in order.
+        self._ahead: tuple[bytes, int, threading.Event, list[bool]] | None = None
+        self._ahead_lock = threading.Lock()
 
     def restore(self) -> int:
         """Puts the stored shard into ``work_dir`` unless the local copy is already at least as
@@ -61,8 +67,12 @@ class ShardSync:
                 files[name] = (self.work_dir / name).read_bytes()
         return files
 
-    def sync(self) -> bool:
+    def sync(self, pending: bytes = b"", after: int = 0) -> bool:
+        """Stores the shard; ``pending`` record lines are appended to it unless the records file
+        already grew past ``after`` bytes (they were committed meanwhile: no duplicates)."""
         files = self._snapshot()
+        if pending and len(files[records.RECORDS]) <= after:
+            files[records.RECORDS] += pending
         h = hashlib.sha256()
         for name, data in sorted(files.items()):
             h.update(name.encode() + b"\0" + data)
@@ -82,11 +92,27 @@ class ShardSync:
             if type(e).__name__ == "OutputTooLarge":
                 raise
             self.failures += 1
+            self._failing = True
             log.warning("upload of %s failed (%s); the records stay on disk and are retried", self.name, e)
             return False
         self._last = digest
         self.uploads += 1
+        self._failing = False
         return True
+
+    def write_ahead(self, pending: bytes, timeout_s: float = 20.0) -> bool:
+        """Stores the shard with ``pending`` (a measured batch's record lines, not yet committed)
+        and returns True once stored. Waits at most ``timeout_s``, and not at all while the store
+        is failing: then tuning goes on and the sync thread stores the batch when it can."""
+        recs = self.work_dir / records.RECORDS
+        after = recs.stat().st_size if recs.exists() else 0
+        done, result = threading.Event(), []  # type: ignore[var-annotated]
+        with self._ahead_lock:
+            self._ahead = (pending, after, done, result)
+        self._poked.set()
+        if self._failing or not self._thread.is_alive():
+            return False
+        return done.wait(timeout_s) and bool(result and result[0])
 
     def poke(self) -> None:
         """New records are in the database: upload them now (from the sync thread, so a slow or
@@ -99,11 +125,19 @@ class ShardSync:
             self._poked.clear()
             if self._stop.is_set():
                 return
+            with self._ahead_lock:
+                ahead, self._ahead = self._ahead, None
+            ok = False
             try:
-                self.sync()
+                ok = self.sync(*ahead[:2]) if ahead else self.sync()
             except Exception as e:  # the thread must outlive any error: the records stay on disk
                 self.failures += 1
+                self._failing = True
                 log.error("shard upload: %s: %s", type(e).__name__, e)
+            finally:
+                if ahead:
+                    ahead[3].append(ok)
+                    ahead[2].set()
 
     def start(self) -> "ShardSync":
         self._thread.start()

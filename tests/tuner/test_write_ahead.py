@@ -1,0 +1,86 @@
+"""A measured batch is in the job's store before the client's database commits it: real
+MetaSchedule tuning of a small matmul on the CPU, the shard synced to a real S3 server. At every
+commit the test reads the store back: it must already hold the batch, byte for byte what TVM
+then appends. (Why: a client pod killed between its database commit and the upload lost those
+records; the fault suite saw it, see write_ahead.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("tvm")
+
+import tvm  # noqa: E402
+from tvm import te  # noqa: E402
+from tvm.s_tir import meta_schedule as ms  # noqa: E402
+from tvm.s_tir.meta_schedule.testing import te_workload  # noqa: E402
+
+from sharetune_tuner import records  # noqa: E402
+from sharetune_tuner.store import open_store, unpack  # noqa: E402
+from sharetune_tuner.sync import ShardSync  # noqa: E402
+from sharetune_tuner.write_ahead import RecordLines, make_write_ahead_commit  # noqa: E402
+
+pytestmark = pytest.mark.tvm
+BUDGET, PER_ITER = 8, 4  # two measured batches
+
+
+def _tune(db_dir: Path, before_commit: Any) -> None:
+    mod = tvm.IRModule({"main": te.create_prim_func(te_workload.matmul(64, 64, 64))})
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    database = ms.database.JSONDatabase(work_dir=str(db_dir))
+    ctx = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply",
+                         search_strategy=ms.search_strategy.EvolutionarySearch(population_size=16,
+                                                                               init_min_unmeasured=8),
+                         task_name="matmul", num_threads=2, rand_state=1)
+    stage = RecordLines(db_dir)
+    try:
+        ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=str(db_dir / "logs"), max_trials_global=BUDGET,
+                      max_trials_per_task=BUDGET, num_trials_per_iter=PER_ITER,
+                      builder=ms.builder.LocalBuilder(max_workers=2), runner=ms.runner.LocalRunner(),
+                      database=database, cost_model=ms.CostModel.create("random"),
+                      measure_callbacks=[make_write_ahead_commit(database, stage, ctx.mod, ctx.target, before_commit),
+                                         ms.measure_callback.RemoveBuildArtifact()],
+                      task_scheduler="round-robin")
+    finally:
+        stage.close()
+
+
+def test_batch_is_stored_before_the_database_commits_it(s3, monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("SHARETUNE_S3_ENDPOINT", s3.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    store = open_store("s3://write-ahead/ns/job")
+    db_dir = tmp_path / "shard"
+    db_dir.mkdir()
+    sync = ShardSync(store, None, 0, db_dir, interval_s=60.0).start()  # only the write-ahead uploads
+    seen: list[tuple[bytes, bytes, bytes]] = []  # (local records, batch lines, stored records)
+
+    def before_commit(lines: bytes) -> bool:
+        ok = sync.write_ahead(lines)
+        local = (db_dir / records.RECORDS).read_bytes() if (db_dir / records.RECORDS).exists() else b""
+        back = tmp_path / f"stored-{len(seen)}"
+        unpack(store.get("shard-0") or b"", back)
+        seen.append((local, lines, (back / records.RECORDS).read_bytes()))
+        assert ok
+        return ok
+
+    try:
+        _tune(db_dir, before_commit)
+    finally:
+        sync.stop()
+    assert len(seen) == BUDGET // PER_ITER
+    for local, lines, stored in seen:
+        assert lines.count(b"\n") == PER_ITER
+        assert not local.endswith(lines)  # not committed yet ...
+        assert stored == local + lines  # ... but already stored, after what was stored before
+    final = (db_dir / records.RECORDS).read_bytes()
+    assert final == seen[-1][2]  # TVM appended exactly the lines that were stored ahead of it
+    assert records.stats(db_dir).total == BUDGET
+    # The final sync found nothing new to store: the write-ahead copies were already the shard's.
+    assert sync.uploads == len(seen)
+    unpack(store.get("shard-0") or b"", tmp_path / "final")
+    assert records.record_keys(tmp_path / "final") == records.record_keys(db_dir)
