@@ -79,9 +79,11 @@ def tune(work_dir: Path, last_task: bool) -> list[int]:
     return model.updates
 
 
+# Counted: the update calls. Each call gets only the batch's candidates that built and ran
+# (UpdateCostModel prunes failed ones): on a loaded machine a LocalRunner timeout made one [0].
 def test_the_shards_last_batch_does_not_train_the_cost_model(tmp_path: Path) -> None:
-    assert tune(tmp_path / "last", last_task=True) == [PER_ITER]
+    assert len(tune(tmp_path / "last", last_task=True)) == 1
 
 
 def test_batches_before_a_later_task_still_train_it(tmp_path: Path) -> None:
-    assert tune(tmp_path / "middle", last_task=False) == [PER_ITER, PER_ITER]
+    assert len(tune(tmp_path / "middle", last_task=False)) == 2
