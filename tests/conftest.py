@@ -42,7 +42,7 @@ def s3() -> Iterator["LocalS3"]:
     try:
         yield srv
     finally:
-        srv.stop()
+        srv.close()
 
 
 @pytest.fixture()

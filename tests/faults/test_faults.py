@@ -38,7 +38,7 @@ def fault_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultEnv]:
         install_crd(k8s)
         yield FaultEnv(cluster, k8s, s3, tmp_path_factory.mktemp("faults"))
     finally:
-        s3.stop()
+        s3.close()
         cluster.stop()
 
 

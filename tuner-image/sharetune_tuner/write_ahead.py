@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,8 @@ from typing import Any
 from . import records
 
 log = logging.getLogger("sharetune.write_ahead")
+
+STAGE = "write-ahead"  # the scratch database's directory, in the shard's work dir
 
 # Stores the shard with these record lines appended; True once stored.
 BeforeCommit = Callable[[bytes], bool]
@@ -35,7 +36,10 @@ class RecordLines:
 
     def __init__(self, db_dir: Path) -> None:
         self.db_dir = db_dir
-        self._dir = Path(tempfile.mkdtemp(prefix="sharetune-stage-"))
+        # Next to the database, not in /tmp: a killed client's scratch copy goes with its work dir.
+        self._dir = db_dir / STAGE
+        shutil.rmtree(self._dir, ignore_errors=True)
+        self._dir.mkdir(parents=True)
         self._workloads_size = -1
         self._db: Any = None
 

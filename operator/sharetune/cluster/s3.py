@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import tempfile
 import time
@@ -13,6 +14,7 @@ from .harness import Process, free_port, stop_group
 
 class LocalS3:
     def __init__(self, data_dir: Path | None = None, port: int | None = None) -> None:
+        self._own_dir = data_dir is None  # a temporary one: removed by close()
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="sharetune-s3-"))
         self.port = port or free_port()
         self.proc: Process | None = None
@@ -40,3 +42,10 @@ class LocalS3:
         if self.proc is not None and self.proc.pid is not None:
             stop_group(self.proc.pid)
             self.proc = None
+
+    def close(self) -> None:
+        """Stops the server for good (``stop`` keeps the data for a restart) and removes the
+        data directory it made itself."""
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
