@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 pytest.importorskip("tvm")
 
@@ -41,7 +42,8 @@ def _tune(db_dir: Path, before_commit: Any) -> None:
                       max_trials_per_task=BUDGET, num_trials_per_iter=PER_ITER,
                       builder=ms.builder.LocalBuilder(max_workers=2), runner=ms.runner.LocalRunner(),
                       database=database, cost_model=ms.CostModel.create("random"),
-                      measure_callbacks=[make_write_ahead_commit(database, stage, ctx.mod, ctx.target, before_commit),
+                      measure_callbacks=[make_write_ahead_commit(database, stage, ctx.mod, ctx.target, before_commit,
+                                                                 "wa-test", "0"),
                                          ms.measure_callback.RemoveBuildArtifact()],
                       task_scheduler="round-robin")
     finally:
@@ -82,5 +84,10 @@ def test_batch_is_stored_before_the_database_commits_it(s3, monkeypatch, tmp_pat
     assert records.stats(db_dir).total == BUDGET
     # The final sync found nothing new to store: the write-ahead copies were already the shard's.
     assert sync.uploads == len(seen)
+    # Each wait is on /metrics: every batch stored, none committed first.
+    assert REGISTRY.get_sample_value("sharetune_write_ahead_seconds_count",
+                                     {"tuning_job": "wa-test", "shard": "0", "outcome": "stored"}) == len(seen)
+    assert REGISTRY.get_sample_value("sharetune_write_ahead_seconds_count",
+                                     {"tuning_job": "wa-test", "shard": "0", "outcome": "not_stored"}) is None
     unpack(store.get("shard-0") or b"", tmp_path / "final")
     assert records.record_keys(tmp_path / "final") == records.record_keys(db_dir)

@@ -329,7 +329,8 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
                 [task.extracted], work_dir=str(cfg.work_dir / "logs"), strategy=search_strategy(cfg),
                 num_threads=cores, seed=cfg.seed * 1000 + cfg.shard * 100 + i + tp.done)
             if stage is not None and cfg.before_commit is not None:
-                commit = make_write_ahead_commit(database, stage, ctxs[0].mod, ctxs[0].target, cfg.before_commit)
+                commit = make_write_ahead_commit(database, stage, ctxs[0].mod, ctxs[0].target, cfg.before_commit,
+                                                 cfg.job, str(cfg.shard))
             else:
                 commit = ms.measure_callback.AddToDatabase()
             callbacks = [commit, ms.measure_callback.RemoveBuildArtifact(),

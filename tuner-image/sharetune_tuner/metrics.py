@@ -4,7 +4,7 @@ The TuningJob's name is the ``tuning_job`` label: Prometheus owns ``job`` (the s
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 TRIALS = Counter("sharetune_trials", "Measured tuning trials by outcome",
                  ["tuning_job", "shard", "task", "status"])
@@ -26,6 +26,10 @@ GPU_UTIL = Gauge("sharetune_gpu_utilization_percent", "GPU utilisation (NVML)", 
 GPU_MEM = Gauge("sharetune_gpu_memory_used_bytes", "GPU memory in use (NVML)", ["gpu", "server"])
 BUILDS = Counter("sharetune_builds", "Candidate builds done by the host's build service, by outcome", ["status"])
 BUILDS_IN_FLIGHT = Gauge("sharetune_builds_in_flight", "Candidates queued or building in the build service")
+WRITE_AHEAD_SECONDS = Histogram("sharetune_write_ahead_seconds",
+                                "Time a measured batch waited to be stored before its commit, by outcome",
+                                ["tuning_job", "shard", "outcome"],
+                                buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30))
 MPS_UP = Gauge("sharetune_mps_daemon_up", "1 while the MPS control daemon answers", ["pipe_dir"])
 
 TRIAL_STATUSES = ("ok", "build_error", "run_error")

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import records
+from . import metrics, records
 
 log = logging.getLogger("sharetune.write_ahead")
 
@@ -81,9 +82,10 @@ def tuning_records(database: Any, mod: Any, target: Any, candidates: Any, runner
 
 
 def make_write_ahead_commit(database: Any, stage: RecordLines, mod: Any, target: Any,
-                            before_commit: BeforeCommit) -> Any:
+                            before_commit: BeforeCommit, job: str = "", shard: str = "") -> Any:
     """``AddToDatabase`` for one task's ``tune_tasks`` (``mod``, ``target``), with
-    ``before_commit`` in front of it; ``stage`` makes the lines for ``database``'s directory."""
+    ``before_commit`` in front of it; ``stage`` makes the lines for ``database``'s directory.
+    ``job``/``shard`` label the wait in ``sharetune_write_ahead_seconds``."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
 
@@ -92,7 +94,11 @@ def make_write_ahead_commit(database: Any, stage: RecordLines, mod: Any, target:
         def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any,
                   builder_results: Any, runner_results: Any) -> None:
             batch = tuning_records(database, mod, target, measure_candidates, runner_results)
-            if not before_commit(stage.lines(batch)):
+            t = time.monotonic()
+            stored = before_commit(stage.lines(batch))
+            metrics.WRITE_AHEAD_SECONDS.labels(job, shard, "stored" if stored else "not_stored").observe(
+                time.monotonic() - t)
+            if not stored:
                 # Store unreachable: tuning goes on; these records are safe once the store is back
                 # (the sync thread retries), unless the pod dies first.
                 log.warning("batch of %d records committed before it was stored", len(batch))
