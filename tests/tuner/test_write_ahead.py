@@ -22,13 +22,13 @@ from tvm.s_tir.meta_schedule.testing import te_workload  # noqa: E402
 from sharetune_tuner import records  # noqa: E402
 from sharetune_tuner.store import open_store, unpack  # noqa: E402
 from sharetune_tuner.sync import ShardSync  # noqa: E402
-from sharetune_tuner.write_ahead import RecordLines, make_write_ahead_commit  # noqa: E402
+from sharetune_tuner.write_ahead import RecordLines, make_write_ahead_callbacks  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 BUDGET, PER_ITER = 8, 4  # two measured batches
 
 
-def _tune(db_dir: Path, before_commit: Any) -> None:
+def _tune(db_dir: Path, store_ahead: Any) -> None:
     mod = tvm.IRModule({"main": te.create_prim_func(te_workload.matmul(64, 64, 64))})
     target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
     database = ms.database.JSONDatabase(work_dir=str(db_dir))
@@ -37,14 +37,15 @@ def _tune(db_dir: Path, before_commit: Any) -> None:
                                                                                init_min_unmeasured=8),
                          task_name="matmul", num_threads=2, rand_state=1)
     stage = RecordLines(db_dir)
+    store_batch, commit = make_write_ahead_callbacks(database, stage, ctx.mod, ctx.target, store_ahead, "wa-test", "0")
     try:
         ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=str(db_dir / "logs"), max_trials_global=BUDGET,
                       max_trials_per_task=BUDGET, num_trials_per_iter=PER_ITER,
                       builder=ms.builder.LocalBuilder(max_workers=2), runner=ms.runner.LocalRunner(),
                       database=database, cost_model=ms.CostModel.create("random"),
-                      measure_callbacks=[make_write_ahead_commit(database, stage, ctx.mod, ctx.target, before_commit,
-                                                                 "wa-test", "0"),
-                                         ms.measure_callback.RemoveBuildArtifact()],
+                      # As the client has them, the cost-model update in the middle.
+                      measure_callbacks=[store_batch, ms.measure_callback.RemoveBuildArtifact(),
+                                         ms.measure_callback.UpdateCostModel(), commit],
                       task_scheduler="round-robin")
     finally:
         stage.close()
@@ -58,20 +59,25 @@ def test_batch_is_stored_before_the_database_commits_it(s3, monkeypatch, tmp_pat
     store = open_store("s3://write-ahead/ns/job")
     db_dir = tmp_path / "shard"
     db_dir.mkdir()
-    sync = ShardSync(store, None, 0, db_dir, interval_s=60.0).start()  # only the write-ahead uploads
+    sync = ShardSync(store, None, 0, db_dir, interval_s=3600.0).start()  # only the write-ahead uploads
     seen: list[tuple[bytes, bytes, bytes]] = []  # (local records, batch lines, stored records)
 
-    def before_commit(lines: bytes) -> bool:
-        ok = sync.write_ahead(lines)
-        local = (db_dir / records.RECORDS).read_bytes() if (db_dir / records.RECORDS).exists() else b""
-        back = tmp_path / f"stored-{len(seen)}"
-        unpack(store.get("shard-0") or b"", back)
-        seen.append((local, lines, (back / records.RECORDS).read_bytes()))
-        assert ok
-        return ok
+    def store_ahead(lines: bytes) -> Any:
+        wait = sync.write_ahead(lines)
+
+        def check() -> bool:  # the commit callback's wait: what the store and the database hold
+            ok = wait()
+            local = (db_dir / records.RECORDS).read_bytes() if (db_dir / records.RECORDS).exists() else b""
+            back = tmp_path / f"stored-{len(seen)}"
+            unpack(store.get("shard-0") or b"", back)
+            seen.append((local, lines, (back / records.RECORDS).read_bytes()))
+            assert ok
+            return ok
+
+        return check
 
     try:
-        _tune(db_dir, before_commit)
+        _tune(db_dir, store_ahead)
     finally:
         sync.stop()
     assert len(seen) == BUDGET // PER_ITER

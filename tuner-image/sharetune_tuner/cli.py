@@ -235,7 +235,7 @@ def _client(a: argparse.Namespace) -> int:
                                process_started_at=PROCESS_STARTED_AT)
             if sync is not None:
                 cfg.on_round = sync.poke
-                cfg.before_commit = sync.write_ahead
+                cfg.store_ahead = sync.write_ahead
             progress = run_client(cfg, model, target)
             if sync is not None:
                 sync.stop()

@@ -25,7 +25,7 @@ from .errors import TrackerError
 from .intrinsics import ensure_registered
 from .partition import budgets, shard_of
 from .tasks import Task, extract
-from .write_ahead import RecordLines, make_write_ahead_commit
+from .write_ahead import RecordLines, StoreAhead, make_write_ahead_callbacks
 
 log = logging.getLogger("sharetune.client")
 PROGRESS = "progress.json"
@@ -55,10 +55,10 @@ class ClientConfig:
     # One RPC session per runner worker, kept for the whole shard (runner.SessionRPCRunner), and
     # candidates linked by the builder. Needs `servers` <= this client's share of the servers.
     session_runner: bool = False
-    # Called with each measured batch's record lines before they are committed to the local
-    # database; True once the shard is stored with them (write_ahead.py: a killed pod then loses
-    # nothing its database held). None: stock AddToDatabase (local mode, no store).
-    before_commit: Callable[[bytes], bool] | None = field(default=None, compare=False, repr=False)
+    # Starts storing the shard with a measured batch's record lines before they are committed to
+    # the local database (write_ahead.py: a killed pod then loses nothing its database held).
+    # None: stock AddToDatabase (local mode, no store).
+    store_ahead: StoreAhead | None = field(default=None, compare=False, repr=False)
     # Called after each search round, once its progress is written (the sync uploads it right
     # away instead of waiting for its next tick: the job's status follows the rounds).
     on_round: Callable[[], None] | None = field(default=None, compare=False, repr=False)
@@ -320,7 +320,7 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     cost_model = ms.CostModel.create(cfg.cost_model, num_tuning_cores=cores)
     with ms.Profiler() as prof, ExitStack() as cleanup:
         stage = None
-        if cfg.before_commit is not None:
+        if cfg.store_ahead is not None:
             stage = RecordLines(cfg.work_dir)
             cleanup.callback(stage.close)
         for i, (task, tp) in enumerate(todo):
@@ -328,14 +328,16 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
             ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
                 [task.extracted], work_dir=str(cfg.work_dir / "logs"), strategy=search_strategy(cfg),
                 num_threads=cores, seed=cfg.seed * 1000 + cfg.shard * 100 + i + tp.done)
-            if stage is not None and cfg.before_commit is not None:
-                commit = make_write_ahead_commit(database, stage, ctxs[0].mod, ctxs[0].target, cfg.before_commit,
-                                                 cfg.job, str(cfg.shard))
+            cost_model_update = _make_cost_model_callback(tp, last_task=i == len(todo) - 1)
+            if stage is not None and cfg.store_ahead is not None:
+                # The upload runs while the cost model trains (write_ahead.py).
+                store_batch, commit = make_write_ahead_callbacks(database, stage, ctxs[0].mod, ctxs[0].target,
+                                                                 cfg.store_ahead, cfg.job, str(cfg.shard))
+                callbacks = [store_batch, ms.measure_callback.RemoveBuildArtifact(), cost_model_update, commit]
             else:
-                commit = ms.measure_callback.AddToDatabase()
-            callbacks = [commit, ms.measure_callback.RemoveBuildArtifact(),
-                         _make_cost_model_callback(tp, last_task=i == len(todo) - 1),
-                         _make_progress_callback(cfg, progress, tp, progress_path)]
+                callbacks = [ms.measure_callback.AddToDatabase(), ms.measure_callback.RemoveBuildArtifact(),
+                             cost_model_update]
+            callbacks.append(_make_progress_callback(cfg, progress, tp, progress_path))
             ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=str(cfg.work_dir / "logs"),
                           max_trials_global=remaining, max_trials_per_task=remaining,
                           num_trials_per_iter=min(cfg.trials_per_iter, remaining),

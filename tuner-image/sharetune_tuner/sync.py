@@ -16,6 +16,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import records
@@ -40,9 +41,13 @@ class ShardSync:
         self.uploads = 0
         self.failures = 0
         self._failing = False  # the last upload failed: write_ahead does not wait for the store
-        # The latest write-ahead request: (record lines, the records file's length they follow,
-        # set once tried, [stored?]). Only the sync thread puts to the store: uploads stay in order.
-        self._ahead: tuple[bytes, int, threading.Event, list[bool]] | None = None
+        # A batch stored ahead of its commit: (its record lines, the records file's length they
+        # follow). Every upload includes it until the database has it: an upload in between
+        # (timer, progress) must not take it back out of the store.
+        self._uncommitted: tuple[bytes, int] | None = None
+        # The write-ahead waiting for its upload: (set once tried, [stored?]). Only the sync
+        # thread puts to the store (and stop() once it has ended): uploads stay in order.
+        self._waiting: tuple[threading.Event, list[bool]] | None = None
         self._ahead_lock = threading.Lock()
 
     def restore(self) -> int:
@@ -67,12 +72,17 @@ class ShardSync:
                 files[name] = (self.work_dir / name).read_bytes()
         return files
 
-    def sync(self, pending: bytes = b"", after: int = 0) -> bool:
-        """Stores the shard; ``pending`` record lines are appended to it unless the records file
-        already grew past ``after`` bytes (they were committed meanwhile: no duplicates)."""
+    def sync(self) -> bool:
+        """Stores the shard as it is, plus the batch stored ahead of its commit, if any."""
         files = self._snapshot()
-        if pending and len(files[records.RECORDS]) <= after:
-            files[records.RECORDS] += pending
+        with self._ahead_lock:
+            if self._uncommitted is not None:
+                pending, after = self._uncommitted
+                rec = files[records.RECORDS]
+                if len(rec) < after + len(pending):  # not (fully) committed yet: TVM appends these
+                    files[records.RECORDS] = rec[:after] + pending
+                else:
+                    self._uncommitted = None
         h = hashlib.sha256()
         for name, data in sorted(files.items()):
             h.update(name.encode() + b"\0" + data)
@@ -100,24 +110,24 @@ class ShardSync:
         self._failing = False
         return True
 
-    def write_ahead(self, pending: bytes, timeout_s: float = 20.0) -> bool:
-        """Stores the shard with ``pending`` (a measured batch's record lines, not yet committed)
-        and returns True once stored. Waits at most ``timeout_s``, and not at all while the store
-        is failing: then tuning goes on and the sync thread stores the batch when it can."""
+    def write_ahead(self, pending: bytes) -> Callable[..., bool]:
+        """Starts storing the shard with ``pending`` (a measured batch's record lines, not yet
+        committed); returns ``wait(timeout_s=20)``: True once stored. The wait is bounded, and
+        does not wait at all while the store is failing: tuning then goes on and the sync thread
+        stores the batch when it can."""
         recs = self.work_dir / records.RECORDS
         after = recs.stat().st_size if recs.exists() else 0
         done, result = threading.Event(), []  # type: ignore[var-annotated]
         with self._ahead_lock:
-            self._ahead = (pending, after, done, result)
+            self._uncommitted = (pending, after)
+            self._waiting = (done, result)
+        skip = self._failing or not self._thread.is_alive()
         self._poked.set()
-        if self._failing or not self._thread.is_alive():
-            return False
-        return done.wait(timeout_s) and bool(result and result[0])
 
-    def poke(self) -> None:
-        """New records are in the database: upload them now (from the sync thread, so a slow or
-        down store never stalls tuning)."""
-        self._poked.set()
+        def wait(timeout_s: float = 20.0) -> bool:
+            return (done.is_set() if skip else done.wait(timeout_s)) and bool(result and result[0])
+
+        return wait
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -126,18 +136,18 @@ class ShardSync:
             if self._stop.is_set():
                 return
             with self._ahead_lock:
-                ahead, self._ahead = self._ahead, None
+                waiting, self._waiting = self._waiting, None
             ok = False
             try:
-                ok = self.sync(*ahead[:2]) if ahead else self.sync()
+                ok = self.sync()
             except Exception as e:  # the thread must outlive any error: the records stay on disk
                 self.failures += 1
                 self._failing = True
                 log.error("shard upload: %s: %s", type(e).__name__, e)
             finally:
-                if ahead:
-                    ahead[3].append(ok)
-                    ahead[2].set()
+                if waiting:
+                    waiting[1].append(ok)
+                    waiting[0].set()
 
     def start(self) -> "ShardSync":
         self._thread.start()
