@@ -110,6 +110,11 @@ class ShardSync:
         self._failing = False
         return True
 
+    def poke(self) -> None:
+        """A search round ended (its progress is written): upload now (from the sync thread, so
+        a slow or down store never stalls tuning)."""
+        self._poked.set()
+
     def write_ahead(self, pending: bytes) -> Callable[..., bool]:
         """Starts storing the shard with ``pending`` (a measured batch's record lines, not yet
         committed); returns ``wait(timeout_s=20)``: True once stored. The wait is bounded, and
