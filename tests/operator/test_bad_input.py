@@ -211,7 +211,7 @@ def test_missing_s3_secret_is_a_pending_reason_until_it_exists(k8s, operator, ns
     wait_for("back to Starting", lambda: _ready(get_job(k8s, ns, "nosecret"))[1] == "Starting", timeout_s=30)
 
 
-def test_corrupt_onnx_and_unreachable_url_fail_with_the_models_error(k8s, cluster, operator, ns) -> None:  # type: ignore[no-untyped-def]
+def test_corrupt_onnx_and_unreachable_url_fail_with_the_models_error(k8s, cluster, operator, ns, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Real client processes (the process kubelet runs the pods' commands) meet the bad models."""
     from sharetune.procs import free_port
 
@@ -227,7 +227,7 @@ def test_corrupt_onnx_and_unreachable_url_fail_with_the_models_error(k8s, cluste
     create_job(k8s, ns, tuning_job("corrupt", model={"onnx": {"configMap": {"name": "bad-model"}}}, clients=retries))
     create_job(k8s, ns, tuning_job("gone", model={"onnx": {"url": f"http://127.0.0.1:{free_port()}/m.onnx"}},
                                    clients=retries))
-    sim = ProcessKubelet(k8s, ns, cluster.server, cluster.pki.ca.cert).start()
+    sim = ProcessKubelet(k8s, ns, cluster.server, cluster.pki.ca.cert, workdir=tmp_path / "pods").start()
     try:
         for name, words in (("corrupt", "is not a valid ONNX model"), ("gone", "cannot download model from http://127.0.0.1")):
             phase, reason, message = wait_for(f"{name} Failed", lambda: (r := _ready(get_job(k8s, ns, name)))[0]

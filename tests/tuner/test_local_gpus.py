@@ -23,7 +23,7 @@ def planned(spec: dict[str, Any], tmp_path: Path) -> tuple[LocalRun, list[tuple[
         run.start_services()
     finally:
         local._wait_until = wait
-        run.stop_all()  # nothing runs; removes the build service's socket directory
+        run.stop_all()  # nothing runs; removes the run's temporary directory (socket, artifacts)
     return run, calls
 
 
@@ -73,6 +73,9 @@ def test_clients_share_one_build_service_unless_the_job_sizes_their_pools(tmp_pa
         assert args[args.index("--build-service") + 1] == service[service.index("--socket") + 1]
     assert run._base_env()["SHARETUNE_BUILD_AUTHKEY"] == run.build_authkey
     assert len(run.build_socket.as_posix()) < 100  # AF_UNIX paths are limited to 107 bytes
+    # Built candidates go under the run's own directory, which stop_all (in planned()) removed.
+    assert Path(run._base_env()["SHARETUNE_BUILD_DIR"]).parent == run.build_socket.parent == run.scratch
+    assert not run.scratch.exists()
     for k, spec in enumerate(({"model": {"name": "tiny_cnn"}, "clients": {"shards": 3, "builderWorkers": 4}},
                  {"model": {"name": "tiny_cnn"}, "clients": {"shards": 1}})):
         run, calls = planned(spec, tmp_path / f"b{k}")

@@ -32,6 +32,7 @@ from . import metrics
 
 log = logging.getLogger("sharetune.build")
 AUTHKEY_ENV = "SHARETUNE_BUILD_AUTHKEY"
+ARTIFACT_DIR_ENV = "SHARETUNE_BUILD_DIR"  # where built candidates go (builder.export_shared); unset: /tmp
 
 # One candidate as it travels: (IRModule, Target, serialized params or None).
 Item = tuple[Any, Any, Any]

@@ -18,6 +18,8 @@ from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
 from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _worker_func
 from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
 
+from .build_service import ARTIFACT_DIR_ENV
+
 
 def build_without_intrinsics(mod: Any, target: Any, _params: Any) -> Any:
     """MetaSchedule's ``default_build`` minus its ``import tvm.s_tir.tensor_intrin``: that import
@@ -38,7 +40,10 @@ def export_shared(mod: Any) -> str:
     object files that the RPC server links with ``g++ -shared`` when it loads the module, on its
     own CPU and inside the measurement's critical path; linking here spreads it over the builder
     pool. Used with ``runner.SessionRPCRunner``."""
-    path = os.path.join(tempfile.mkdtemp(prefix="sharetune-build-"), "tvm_tmp_mod.so")
+    # Under the run's own directory when it gives one (local mode): a run stopped mid-batch
+    # (Ctrl-C) leaves built-but-unmeasured candidates, which its stop then removes with it.
+    parent = os.environ.get(ARTIFACT_DIR_ENV) or None
+    path = os.path.join(tempfile.mkdtemp(prefix="sharetune-build-", dir=parent), "tvm_tmp_mod.so")
     mod.export_library(path)
     return path
 

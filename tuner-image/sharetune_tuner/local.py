@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 
 from sharetune.procs import free_port, stop_group
 
-from .build_service import AUTHKEY_ENV
+from .build_service import ARTIFACT_DIR_ENV, AUTHKEY_ENV
 from .client import PROGRESS
 from .mps import READY
 
@@ -97,6 +98,10 @@ class LocalRun:
         self.tracker_port = free_port()
         self.build_authkey = secrets.token_hex(16)
         self.build_socket: Path | None = None
+        # The run's own temporary directory (made by start_services, removed by stop_all): the
+        # build service's socket, short enough for AF_UNIX (107 bytes), and the built candidates
+        # (a run stopped mid-batch left them in /tmp, one directory each).
+        self.scratch = Path(tempfile.gettempdir()) / f"sharetune-local-{secrets.token_hex(6)}"
 
     def shares_builder(self) -> bool:
         """One build service for all clients (build_service.py) unless the job sizes each client's
@@ -107,7 +112,8 @@ class LocalRun:
     def _base_env(self) -> dict[str, str]:
         from sharetune.gpuenv import NO_MULTICAST
 
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **NO_MULTICAST, AUTHKEY_ENV: self.build_authkey}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **NO_MULTICAST, AUTHKEY_ENV: self.build_authkey,
+               ARTIFACT_DIR_ENV: str(self.scratch / "artifacts")}
         if self.spec.uses_mps:  # the first GPU's daemon: the merge measures there
             env.update(self.mps_env(self.gpu_groups()[0]))
         return env
@@ -151,12 +157,10 @@ class LocalRun:
 
     def start_services(self) -> None:
         groups = self.gpu_groups()
+        (self.scratch / "artifacts").mkdir(parents=True, exist_ok=True)
         if self.shares_builder():
-            # First: its workers start (import tvm) while the daemon and servers come up. A short
-            # directory of its own: Unix socket paths are limited to 107 bytes.
-            import tempfile
-
-            self.build_socket = Path(tempfile.mkdtemp(prefix="sharetune-build-")) / "sock"
+            # First: its workers start (import tvm) while the daemon and servers come up.
+            self.build_socket = self.scratch / "sock"
             self._spawn("build-service", ["build-service", "--socket", str(self.build_socket)])
         if self.spec.uses_mps:
             pct = self.spec.servers.thread_percentage
@@ -204,8 +208,7 @@ class LocalRun:
         self.stopping = True  # run_clients (maybe in another thread) returns instead of restarting
         for p in reversed(self.procs):
             p.stop()
-        if self.build_socket is not None:
-            shutil.rmtree(self.build_socket.parent, ignore_errors=True)
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def metrics_targets(self) -> list[str]:
         return [f"127.0.0.1:{p.metrics_port}" for p in self.procs if p.poll() is None]
