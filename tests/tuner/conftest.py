@@ -97,3 +97,13 @@ def topology(tmp_path: Path) -> Iterator[Topology]:
 def _tcp_open(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture()
+def s3_env(s3, monkeypatch):  # type: ignore[no-untyped-def]
+    """The real S3 server, with the environment the tuner's S3 store reads (endpoint, keys)."""
+    monkeypatch.setenv("SHARETUNE_S3_ENDPOINT", s3.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    return s3

@@ -10,15 +10,6 @@ import pytest
 from sharetune_tuner.store import ConfigMapStore, OutputTooLarge, S3Store, StoreError, open_store, pack, unpack
 
 
-@pytest.fixture()
-def s3_env(s3, monkeypatch):  # type: ignore[no-untyped-def]
-    monkeypatch.setenv("SHARETUNE_S3_ENDPOINT", s3.endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test-secret")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    return s3
-
-
 def test_s3_roundtrip_and_restart_keeps_data(s3_env, tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)

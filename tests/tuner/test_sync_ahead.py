@@ -23,11 +23,7 @@ def _stored(store, tmp: Path, n: int) -> bytes:  # type: ignore[no-untyped-def]
     return (out / records.RECORDS).read_bytes()
 
 
-def test_uploads_keep_the_uncommitted_batch(s3, monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setenv("SHARETUNE_S3_ENDPOINT", s3.endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test-secret")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+def test_uploads_keep_the_uncommitted_batch(s3_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     store = open_store("s3://sync-ahead/ns/job")
     db = tmp_path / "shard"
     db.mkdir()

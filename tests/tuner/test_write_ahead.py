@@ -51,11 +51,7 @@ def _tune(db_dir: Path, store_ahead: Any) -> None:
         stage.close()
 
 
-def test_batch_is_stored_before_the_database_commits_it(s3, monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setenv("SHARETUNE_S3_ENDPOINT", s3.endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test-secret")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+def test_batch_is_stored_before_the_database_commits_it(s3_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     store = open_store("s3://write-ahead/ns/job")
     db_dir = tmp_path / "shard"
     db_dir.mkdir()
