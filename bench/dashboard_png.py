@@ -47,7 +47,7 @@ def main() -> int:
 
     from sharetune.dashboard import PANELS
     from sharetune.procs import free_port, stop_group
-    from sharetune.spec import load_job
+    from sharetune.api.spec import load_job
     from sharetune_tuner.local import LocalRun
 
     prometheus = shutil.which("prometheus")

@@ -28,7 +28,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
-from sharetune.gpuenv import NO_MULTICAST  # noqa: E402
+from sharetune.api.gpuenv import NO_MULTICAST  # noqa: E402
 
 
 def gpu_count() -> int:

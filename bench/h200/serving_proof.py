@@ -31,7 +31,7 @@ def main() -> int:
         with tarfile.open(carried) as tar:
             tar.extractall(RUN_ROOT)
     cell = load_cells("h200-cells.jsonl")[a.run]
-    from sharetune.spec import parse_spec
+    from sharetune.api.spec import parse_spec
     from sharetune_tuner.merge import merge_and_report
     from sharetune_tuner.mps import MpsDaemon
 

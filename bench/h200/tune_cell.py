@@ -97,7 +97,7 @@ def run_sharetune(a: argparse.Namespace, wd: Path) -> dict[str, Any]:
     os.environ.update(tuner_env({"BENCH_TASKS": str(a.tasks)}))
     if a.pop_per_cand:
         os.environ["BENCH_POP_PER_CAND"] = str(a.pop_per_cand)
-    from sharetune.spec import load_job
+    from sharetune.api.spec import load_job
     from sharetune_tuner.cpus import default_builder_workers
     from sharetune_tuner.local import LocalRun, Proc
 

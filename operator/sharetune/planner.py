@@ -25,9 +25,9 @@ from typing import Any
 
 import yaml
 
-from .gpuenv import NO_MULTICAST
+from .api.gpuenv import NO_MULTICAST
 
-from .spec import API_GROUP, API_VERSION, KIND, TuningJobSpec
+from .api.spec import API_GROUP, API_VERSION, KIND, TuningJobSpec
 
 TRACKER_PORT = 9190
 SERVER_PORT = 9091

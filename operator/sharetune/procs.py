@@ -1,12 +1,21 @@
-"""Process plumbing shared by the control-plane harness and the tuner's local mode (stdlib only:
-the tuner image imports it without the operator's dependencies)."""
+"""Processes in process groups of their own: the one helper for every process sharetune starts
+(local mode, the developer tooling's control plane and process kubelet, tests, benchmarks).
+
+Stdlib only, and nothing else of sharetune: the tuner image imports it without the operator's
+dependencies. A process is started in a session of its own, so its process group is exactly the
+process and the children it forks (TVM's popen workers, an MPS server): stopping the group stops
+them all, and nothing is ever stopped by name.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
 import socket
+import subprocess
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -44,7 +53,7 @@ def stop_group(pid: int, grace_s: float = 10.0) -> None:
         time.sleep(0.1)
     try:
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass
     try:
         os.waitpid(pid, 0)
@@ -64,3 +73,78 @@ def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
             os.waitpid(pid, 0)
         except ChildProcessError:
             pass
+
+
+@dataclass
+class ProcessGroup:
+    """A command run as the leader of its own process group, its output appended to ``log``."""
+
+    name: str
+    argv: list[str]
+    log: Path
+    env: dict[str, str] | None = None  # None: this process's environment
+    cwd: Path | None = None
+    popen: subprocess.Popen[bytes] | None = None
+    restarts: int = 0  # times a supervisor (local mode, the process kubelet) started it again
+
+    def start(self) -> "ProcessGroup":
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as out:
+            self.popen = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env=self.env, cwd=self.cwd, start_new_session=True)
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.popen is None else self.popen.pid
+
+    def poll(self) -> int | None:
+        """The exit status once the leader has exited, else None (also before ``start``)."""
+        return None if self.popen is None else self.popen.poll()
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        assert self.popen is not None, f"{self.name} was never started"
+        return self.popen.wait(timeout_s)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the group, SIGKILL it after ``grace_s``; what is left of the group after the
+        leader exited (an orphaned worker) goes too."""
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            stop_group(self.popen.pid, grace_s)
+        else:
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.popen.poll()  # record the exit status stop_group reaped
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """A crash, not a stop: ``sig`` to the whole group, no grace (fault injection)."""
+        if self.popen is None:
+            return
+        try:
+            os.killpg(self.popen.pid, sig)
+        except ProcessLookupError:
+            return
+        if sig == signal.SIGKILL:
+            self.popen.wait()
+
+    def tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def state(self) -> str:
+        return "running" if self.alive() else f"exited ({self.poll() if self.popen else 'never started'})"
+
+
+def stop_all(procs: list[ProcessGroup], grace_s: float = 10.0) -> None:
+    """Stops ``procs`` in reverse start order (clients before the services they use)."""
+    for p in reversed(procs):
+        p.stop(grace_s)

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from .spec import API_GROUP, API_VERSION
+from .api.spec import API_GROUP, API_VERSION
 
 TINY = {"model": {"name": "tiny_cnn", "inputShape": [1, 3, 32, 32]}, "target": "llvm",
         "trials": {"total": 8, "perTask": 2, "perIteration": 2}, "servers": {"replicas": 1},

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sharetune.planner import JobRef, plan, plan_merge, store_uri
-from sharetune.spec import parse_spec
+from sharetune.api.spec import parse_spec
 
 JOB = JobRef("tj", "ns1", "uid-1")
 

@@ -9,7 +9,7 @@ import pytest
 
 from sharetune import serving
 from sharetune.planner import JobRef, plan
-from sharetune.spec import SpecError, parse_spec
+from sharetune.api.spec import SpecError, parse_spec
 
 MATRIX = Path(__file__).parents[2] / "bench" / "results" / "h200-quality-matrix.json"
 
@@ -73,6 +73,6 @@ def test_table_module_is_pure() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, sharetune.serving; "
+    code = ("import sys, sharetune.api.serving; "
             "bad = [m for m in ('tvm', 'kopf', 'kubernetes') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

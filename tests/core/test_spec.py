@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sharetune.spec import SpecError, load_job, parse_spec
+from sharetune.api.spec import SpecError, load_job, parse_spec
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "tiny-cpu.yaml"
 

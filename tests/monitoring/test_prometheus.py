@@ -34,7 +34,7 @@ def test_every_panel_query_returns_data(tmp_path: Path, operator, k8s) -> None: 
     from kubernetes import client
     from prometheus_client import start_http_server
 
-    from sharetune.spec import load_job
+    from sharetune.api.spec import load_job
     from sharetune_tuner.local import LocalRun
 
     prometheus = shutil.which("prometheus")

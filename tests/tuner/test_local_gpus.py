@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sharetune.spec import parse_spec
+from sharetune.api.spec import parse_spec
 from sharetune_tuner.local import LocalRun
 
 

@@ -50,7 +50,7 @@ def test_onnx_file_roundtrip(tmp_path: Path) -> None:
 def test_configmap_and_pvc_models_load_from_the_mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import onnx
 
-    from sharetune.spec import parse_spec
+    from sharetune.api.spec import parse_spec
     from sharetune_tuner.zoo import tiny_cnn
 
     monkeypatch.setenv("SHARETUNE_MODEL_DIR", str(tmp_path))

@@ -143,7 +143,7 @@ def _serve(metrics_port: int, health: Any, loop: Any) -> int:
 
 
 def _load_spec(path: Path) -> Any:
-    from sharetune.spec import SpecError, load_job
+    from sharetune.api.spec import SpecError, load_job
 
     try:
         return load_job(path)

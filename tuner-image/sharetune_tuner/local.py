@@ -84,7 +84,7 @@ class Proc:
 
 @dataclass
 class LocalRun:
-    spec: Any  # sharetune.spec.TuningJobSpec
+    spec: Any  # sharetune.api.spec.TuningJobSpec
     job_path: Path
     workdir: Path
     max_client_restarts: int = 3
@@ -110,7 +110,7 @@ class LocalRun:
 
     # ---- processes ---------------------------------------------------------------------------
     def _base_env(self) -> dict[str, str]:
-        from sharetune.gpuenv import NO_MULTICAST
+        from sharetune.api.gpuenv import NO_MULTICAST
 
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **NO_MULTICAST, AUTHKEY_ENV: self.build_authkey,
                ARTIFACT_DIR_ENV: str(self.scratch / "artifacts")}

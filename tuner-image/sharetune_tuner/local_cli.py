@@ -30,7 +30,7 @@ def _rate(shards: list[dict[str, Any]], t0: float) -> float:
 
 
 def run(a: argparse.Namespace) -> int:
-    from sharetune.spec import SpecError, load_job
+    from sharetune.api.spec import SpecError, load_job
 
     from .local import LocalRun
 

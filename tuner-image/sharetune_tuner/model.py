@@ -123,7 +123,7 @@ def _to_relax(label: str, proto: Any, input_name: str, shape: tuple[int, ...]) -
 
 
 def load_for_spec(spec: Any, cache_dir: Path | None = None) -> LoadedModel:
-    """From a :class:`sharetune.spec.ModelSpec`."""
+    """From a :class:`sharetune.api.spec.ModelSpec`."""
     if spec.name is not None:
         return load(name=spec.name, input_shape=spec.input_shape)
     src = spec.onnx

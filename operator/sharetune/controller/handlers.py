@@ -24,7 +24,7 @@ from kubernetes import client, config
 
 from ..planner import (DEFAULT_IMAGE, JobRef, daemon_names, names, plan, plan_merge, result_location, servers_scale,
                        shard_object)
-from ..spec import API_GROUP, API_VERSION, SpecError, TuningJobSpec, parse_spec
+from ..api.spec import API_GROUP, API_VERSION, SpecError, TuningJobSpec, parse_spec
 from . import kube, metrics
 from .status import (FAILED, FINAL, MERGING, PENDING, RUNNING, SUCCEEDED, DaemonView, Observed, ShardView, condition,
                      mps_recovery, next_phase, now, progress_fields, started)

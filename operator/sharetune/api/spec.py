@@ -57,7 +57,7 @@ class ServerSpec:
     thread_percentage: int = 100
     pinned_memory_limit: str | None = None  # e.g. "4G": CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4G
     # the share the tuned model will be served at; without an explicit threadPercentage it picks
-    # the tuning share (sharetune.serving's measured table)
+    # the tuning share (api.serving's measured table)
     serving_percentage: int | None = None
 
 
