@@ -1,25 +1,28 @@
-"""Errors the tuner reports to users: each maps to a clear message and a distinct exit code."""
+"""Errors the tuner reports to users: each maps to a clear message and a distinct exit code
+(the registry: ``sharetune.api.exitcodes``)."""
 
 from __future__ import annotations
+
+from sharetune.api.exitcodes import ExitCode
 
 
 class TunerError(RuntimeError):
     """A failure the user can act on; the CLI prints its message without a traceback."""
 
-    exit_code = 2
+    exit_code: ExitCode = ExitCode.USAGE
 
 
 class ModelError(TunerError):
-    exit_code = 3
+    exit_code = ExitCode.MODEL
 
 
 class TargetError(TunerError):
-    exit_code = 4
+    exit_code = ExitCode.TARGET
 
 
 class TrackerError(TunerError):
-    exit_code = 5
+    exit_code = ExitCode.TRACKER
 
 
 class MpsError(TunerError):
-    exit_code = 6
+    exit_code = ExitCode.MPS
