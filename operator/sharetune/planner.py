@@ -25,15 +25,15 @@ from typing import Any
 
 import yaml
 
+from .api import commands
 from .api.gpuenv import NO_MULTICAST
-
 from .api.spec import API_GROUP, API_VERSION, KIND, TuningJobSpec
+from .api.topology import (GPU_INDEX_LABEL, JOB_MANIFEST, METRICS_PORT, MODEL_DIR, MODEL_DIR_ENV, MPS_HOST_ROOT,
+                           POD_WORK_DIR, SERVER_PORT, TRACKER_PORT, ChildNames, configmap_uri, gpu_groups, in_group)
+from .api.topology import result_location as _result_location
+from .api.topology import store_uri as _store_uri
 
-TRACKER_PORT = 9190
-SERVER_PORT = 9091
-METRICS_PORT = 9400
 TUNER_UID = 1000
-MPS_HOST_ROOT = "/run/sharetune/mps"
 DEFAULT_IMAGE = "localhost/sharetune-tuner:0.1.0"
 
 
@@ -42,19 +42,6 @@ class JobRef:
     name: str
     namespace: str
     uid: str
-
-
-def names(job: str) -> dict[str, str]:
-    return {
-        "spec": f"{job}-spec", "sa": f"{job}-tuner", "mps": f"{job}-mps", "tracker": f"{job}-tracker",
-        "servers": f"{job}-servers", "clients": f"{job}-clients", "merge": f"{job}-merge",
-        "result": f"{job}-result",
-    }
-
-
-def shard_object(job: str, i: int) -> str:
-    """The per-shard ConfigMap: progress (always) and, for ConfigMap output, the records."""
-    return f"{job}-shard-{i}"
 
 
 def labels(job: str, component: str) -> dict[str, str]:
@@ -78,17 +65,11 @@ def _meta(job: JobRef, name: str, component: str) -> dict[str, Any]:
 
 
 def store_uri(job: JobRef, spec: TuningJobSpec) -> str:
-    s3 = spec.output.s3
-    if s3 is not None:
-        prefix = f"{s3.prefix}/" if s3.prefix else ""
-        return f"s3://{s3.bucket}/{prefix}{job.namespace}/{job.name}"
-    return f"configmap://{job.namespace}/{job.name}"
+    return _store_uri(job.namespace, job.name, spec)
 
 
 def result_location(job: JobRef, spec: TuningJobSpec) -> str:
-    if spec.output.s3 is not None:
-        return store_uri(job, spec) + "/result"
-    return f"configmap://{job.namespace}/{spec.output.config_map or names(job.name)['result']}"
+    return _result_location(job.namespace, job.name, spec)
 
 
 def _restricted() -> dict[str, Any]:
@@ -156,12 +137,9 @@ def _pod_spec(spec: TuningJobSpec, containers: list[dict[str, Any]], *, volumes:
 
 
 def _job_spec_volume(job: JobRef) -> tuple[dict[str, Any], dict[str, Any]]:
-    vol = {"name": "job", "configMap": {"name": names(job.name)["spec"]}}
-    mount = {"name": "job", "mountPath": "/etc/sharetune", "readOnly": True}
+    vol = {"name": "job", "configMap": {"name": ChildNames(job.name).spec}}
+    mount = {"name": "job", "mountPath": JOB_MANIFEST.rsplit("/", 1)[0], "readOnly": True}
     return vol, mount
-
-
-MODEL_DIR = "/model"  # sharetune_tuner.model.MODEL_DIR
 
 
 def _model_volume(spec: TuningJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
@@ -176,40 +154,23 @@ def _model_volume(spec: TuningJobSpec) -> tuple[list[dict[str, Any]], list[dict[
     else:
         vol = {"name": "model", "persistentVolumeClaim": {"claimName": src.pvc, "readOnly": True}}
     return ([vol], [{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}],
-            [{"name": "SHARETUNE_MODEL_DIR", "value": MODEL_DIR}])
-
-
-GPU_INDEX = "sharetune.io/gpu-index"
-
-
-def gpu_groups(spec: TuningJobSpec) -> list[int | None]:
-    """One group (MPS daemon + its servers) per GPU of an MPS job; ``None`` = the single-GPU
-    layout, whose objects keep their plain names."""
-    if spec.uses_mps and spec.gpus > 1:
-        return list(range(spec.gpus))
-    return [None]
-
-
-def in_group(name: str, g: int | None) -> str:
-    return name if g is None else f"{name}-{g}"
+            [{"name": MODEL_DIR_ENV, "value": MODEL_DIR}])
 
 
 def daemon_names(job: str, spec: TuningJobSpec) -> list[tuple[int | None, str, str]]:
     """(group, MPS daemon pod, servers Deployment) per GPU group."""
-    n = names(job)
-    return [(g, in_group(n["mps"], g), in_group(n["servers"], g)) for g in gpu_groups(spec)]
+    n = ChildNames(job)
+    return [(g, in_group(n.mps, g), in_group(n.servers, g)) for g in gpu_groups(spec)]
 
 
 def servers_scale(job: str, spec: TuningJobSpec, replicas: int) -> list[tuple[str, int]]:
-    """Servers Deployments and their replicas for ``servers.replicas`` = ``replicas`` (per GPU)."""
-    if gpu_groups(spec) != [None]:
-        return [(srv, replicas) for _, _, srv in daemon_names(job, spec)]
-    # One Deployment: per GPU x GPUs when each server owns a GPU (cuda without MPS).
-    return [(names(job)["servers"], replicas * spec.gpu_count)]
+    """Servers Deployments and their replicas for ``servers.replicas`` = ``replicas``: one
+    Deployment of ``replicas`` servers per GPU group."""
+    return [(srv, replicas) for _, _, srv in daemon_names(job, spec)]
 
 
 def _group_labels(d: dict[str, str], g: int | None) -> dict[str, str]:
-    return d if g is None else {**d, GPU_INDEX: str(g)}
+    return d if g is None else {**d, GPU_INDEX_LABEL: str(g)}
 
 
 def _mps_host_dir(job: JobRef, g: int | None = None) -> str:
@@ -242,17 +203,16 @@ def job_manifest(job: JobRef, spec: TuningJobSpec) -> str:
 def plan(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE) -> list[dict[str, Any]]:
     """Every object the running job needs (the merge Job comes later: :func:`plan_merge`)."""
     image = spec.raw.get("image") or image
-    n = names(job.name)
+    n = ChildNames(job.name)
     objs: list[dict[str, Any]] = []
-    objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, n["spec"], "spec"),
+    objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, n.spec, "spec"),
                  "data": {"job.yaml": job_manifest(job, spec)}})
     objs += _rbac(job, spec)
-    objs += [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, shard_object(job.name, i), "shard"),
+    objs += [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, n.shard(i), "shard"),
               "data": {}} for i in range(spec.shards)]
     # Pre-created so the tuner Role can name it; the merge writes summary.json (and, for
     # ConfigMap output, the records) into it. S3 output keeps only the summary here.
-    objs.append({"apiVersion": "v1", "kind": "ConfigMap",
-                 "metadata": _meta(job, spec.output.config_map or n["result"], "result"), "data": {}})
+    objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, n.result(spec), "result"), "data": {}})
     if spec.uses_mps:
         objs += [_mps_daemon(job, spec, image, g) for g in gpu_groups(spec)]
     objs += _tracker(job, spec, image)
@@ -264,50 +224,52 @@ def plan(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE) -> list[d
 def _rbac(job: JobRef, spec: TuningJobSpec) -> list[dict[str, Any]]:
     """The tuner pods' identity: update their own shard/result ConfigMaps, nothing else. Secrets
     reach them as env from secretKeyRef (kubelet reads them), never through the API."""
-    n = names(job.name)
-    resource_names = [shard_object(job.name, i) for i in range(spec.shards)]
-    resource_names.append(spec.output.config_map or n["result"])
+    n = ChildNames(job.name)
+    resource_names = [n.shard(i) for i in range(spec.shards)]
+    resource_names.append(n.result(spec))
+    sa = n.service_account
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(job, n["sa"], "rbac"),
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(job, sa, "rbac"),
          "automountServiceAccountToken": False},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(job, n["sa"], "rbac"),
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(job, sa, "rbac"),
          "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": resource_names,
                     "verbs": ["get", "update", "patch"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(job, n["sa"], "rbac"),
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": n["sa"]},
-         "subjects": [{"kind": "ServiceAccount", "name": n["sa"], "namespace": job.namespace}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(job, sa, "rbac"),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": job.namespace}]},
     ]
 
 
 def _mps_daemon(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None) -> dict[str, Any]:
     vol, mount, env = _mps_client_parts(job, g)
-    args = ["mps-daemon", "--pipe-dir", "/mps/pipe", "--log-dir", "/mps/log",
-            "--thread-percentage", str(spec.servers.thread_percentage), "--metrics-port", str(METRICS_PORT)]
-    if spec.servers.pinned_memory_limit:
-        args += ["--pinned-memory-limit", spec.servers.pinned_memory_limit]
+    args = commands.mps_daemon(spec, "/mps/pipe", "/mps/log", metrics_port=METRICS_PORT)
     root = {"runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False, "privileged": False,
             "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]},
             "readOnlyRootFilesystem": True, "seccompProfile": {"type": "RuntimeDefault"}}
     c = _container(spec, image, "mps-daemon", args, env=[e for e in env if e["name"] != "NVIDIA_VISIBLE_DEVICES"],
                    resources={"limits": {"nvidia.com/gpu": "1"}}, security=root, mounts=[mount])
     c["readinessProbe"] = {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 5}
-    meta = _meta(job, in_group(names(job.name)["mps"], g), "mps-daemon")
+    meta = _meta(job, in_group(ChildNames(job.name).mps, g), "mps-daemon")
     meta["labels"] = _group_labels(meta["labels"], g)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
             "spec": _pod_spec(spec, [c], volumes=[vol], gpu_placement=True, hostIPC=True,
                               restartPolicy="Always", terminationGracePeriodSeconds=30)}
 
 
+def _tracker_addr(job: JobRef) -> str:
+    return f"{ChildNames(job.name).tracker}:{TRACKER_PORT}"
+
+
 def _tracker(job: JobRef, spec: TuningJobSpec, image: str) -> list[dict[str, Any]]:
-    n = names(job.name)
-    c = _container(spec, image, "tracker", ["tracker", "--port", str(TRACKER_PORT), "--metrics-port", str(METRICS_PORT)])
+    name = ChildNames(job.name).tracker
+    c = _container(spec, image, "tracker", commands.tracker(TRACKER_PORT, metrics_port=METRICS_PORT))
     c["ports"].append({"name": "tracker", "containerPort": TRACKER_PORT})
-    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(job, n["tracker"], "tracker"),
+    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(job, name, "tracker"),
            "spec": {"replicas": 1, "strategy": {"type": "Recreate"},
                     "selector": {"matchLabels": selector(job.name, "tracker")},
                     "template": {"metadata": {"labels": labels(job.name, "tracker")},
                                  "spec": _pod_spec(spec, [c])}}}
-    svc = {"apiVersion": "v1", "kind": "Service", "metadata": _meta(job, n["tracker"], "tracker"),
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": _meta(job, name, "tracker"),
            "spec": {"selector": selector(job.name, "tracker"),
                     "ports": [{"name": "tracker", "port": TRACKER_PORT, "targetPort": "tracker"},
                               {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}]}}
@@ -315,9 +277,8 @@ def _tracker(job: JobRef, spec: TuningJobSpec, image: str) -> list[dict[str, Any
 
 
 def _servers(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None) -> dict[str, Any]:
-    n = names(job.name)
-    args = ["server", "--tracker", f"{n['tracker']}:{TRACKER_PORT}", "--key", job.name,
-            "--port", str(SERVER_PORT), "--port-end", str(SERVER_PORT + 1), "--metrics-port", str(METRICS_PORT)]
+    args = commands.server(spec, _tracker_addr(job), job.name, SERVER_PORT, SERVER_PORT + 1,
+                           metrics_port=METRICS_PORT)
     env: list[dict[str, Any]] = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
     volumes, mounts, extra = [], [], {}
     resources = copy.deepcopy(spec.raw.get("servers", {}).get("resources") or {})
@@ -328,9 +289,6 @@ def _servers(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None)
         env.append({"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": str(spec.servers.thread_percentage)})
         if spec.servers.pinned_memory_limit:
             env.append({"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": f"0={spec.servers.pinned_memory_limit}"})
-        args += ["--thread-percentage", str(spec.servers.thread_percentage)]
-        if spec.servers.pinned_memory_limit:
-            args += ["--pinned-memory-limit", spec.servers.pinned_memory_limit]
         extra = {"hostIPC": True, "affinity": _follow_daemon(job, g)}
     elif spec.target == "cuda":
         # No MPS: the stock way, each server owns a whole GPU.
@@ -340,32 +298,31 @@ def _servers(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None)
     pod = _pod_spec(spec, [c], volumes=volumes, gpu_placement=spec.target == "cuda" and not spec.uses_mps, **extra)
     if spec.uses_mps and spec.raw.get("affinity"):
         pod["affinity"] = {**copy.deepcopy(spec.raw["affinity"]), **_follow_daemon(job, g)}
-    name, replicas = next((d, r) for d, r in servers_scale(job.name, spec, spec.servers.replicas)
-                          if d == in_group(n["servers"], g))
-    meta = _meta(job, name, "server")
+    meta = _meta(job, in_group(ChildNames(job.name).servers, g), "server")
     meta["labels"] = _group_labels(meta["labels"], g)
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
-            "spec": {"replicas": replicas,
+            "spec": {"replicas": spec.servers.replicas,
                      "selector": {"matchLabels": _group_labels(selector(job.name, "server"), g)},
                      "template": {"metadata": {"labels": _group_labels(labels(job.name, "server"), g)}, "spec": pod}}}
 
 
+def _progress_uri(job: JobRef, spec: TuningJobSpec) -> str | None:
+    """Where progress goes when the store is not the job's ConfigMaps: still the shard's ConfigMap."""
+    return configmap_uri(job.namespace, job.name) if spec.output.s3 is not None else None
+
+
 def _clients(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
-    n = names(job.name)
+    n = ChildNames(job.name)
     vol, mount = _job_spec_volume(job)
-    args = ["client", "--job", "/etc/sharetune/job.yaml", "--work-dir", "/work/shard",
-            "--tracker", f"{n['tracker']}:{TRACKER_PORT}", "--key", job.name,
-            "--servers", str(spec.total_servers), "--store", store_uri(job, spec),
-            "--metrics-port", str(METRICS_PORT)]
-    if spec.output.s3 is not None:  # progress still goes to the shard's ConfigMap
-        args += ["--progress", f"configmap://{job.namespace}/{job.name}"]
+    args = commands.client(JOB_MANIFEST, f"{POD_WORK_DIR}/shard", _tracker_addr(job), job.name, spec.total_servers,
+                           store=store_uri(job, spec), progress=_progress_uri(job, spec), metrics_port=METRICS_PORT)
     mvols, mmounts, menv = _model_volume(spec)
     c = _container(spec, image, "client", args, env=_store_env(spec) + menv,
                    resources=spec.raw.get("clients", {}).get("resources"),
-                   mounts=[mount, {"name": "work", "mountPath": "/work"}, *mmounts], probe=False)
-    pod = _pod_spec(spec, [c], volumes=[vol, {"name": "work", "emptyDir": {}}, *mvols], service_account=n["sa"],
-                    restartPolicy="Never")
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job, n["clients"], "client"),
+                   mounts=[mount, {"name": "work", "mountPath": POD_WORK_DIR}, *mmounts], probe=False)
+    pod = _pod_spec(spec, [c], volumes=[vol, {"name": "work", "emptyDir": {}}, *mvols],
+                    service_account=n.service_account, restartPolicy="Never")
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job, n.clients, "client"),
             "spec": {"completionMode": "Indexed", "completions": spec.shards, "parallelism": spec.shards,
                      "backoffLimitPerIndex": spec.backoff_limit_per_index,
                      "template": {"metadata": {"labels": labels(job.name, "client")}, "spec": pod}}}
@@ -375,26 +332,24 @@ def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE) -> 
     """The merge Job, created once every shard is done. On a GPU job it measures the tuned model
     on the job's GPU as one more MPS client at 100%."""
     image = spec.raw.get("image") or image
-    n = names(job.name)
+    n = ChildNames(job.name)
     vol, mount = _job_spec_volume(job)
-    args = ["merge", "--job", "/etc/sharetune/job.yaml", "--store", store_uri(job, spec),
-            "--shards", str(spec.shards), "--out", "/work/out", "--metrics-port", str(METRICS_PORT)]
-    if spec.output.config_map:
-        args += ["--result-configmap", spec.output.config_map]
-    if spec.output.s3 is not None:  # the summary also goes to the result ConfigMap, for status
-        args += ["--progress", f"configmap://{job.namespace}/{job.name}"]
+    args = commands.merge(JOB_MANIFEST, f"{POD_WORK_DIR}/out", store=store_uri(job, spec), shards=spec.shards,
+                          result_configmap=spec.output.config_map, progress=_progress_uri(job, spec),
+                          metrics_port=METRICS_PORT)
     mvols, mmounts, menv = _model_volume(spec)
     env = _store_env(spec) + menv
     volumes = [vol, {"name": "work", "emptyDir": {}}, *mvols]
-    mounts = [mount, {"name": "work", "mountPath": "/work"}, *mmounts]
+    mounts = [mount, {"name": "work", "mountPath": POD_WORK_DIR}, *mmounts]
     extra: dict[str, Any] = {}
-    if spec.uses_mps:
-        mvol, mmount, menv = _mps_client_parts(job)
+    if spec.uses_mps:  # under the first GPU's daemon, as local mode's merge
+        g0 = gpu_groups(spec)[0]
+        mvol, mmount, menv = _mps_client_parts(job, g0)
         volumes.append(mvol)
         mounts.append(mmount)
         env += menv
-        extra = {"hostIPC": True, "affinity": _follow_daemon(job)}
+        extra = {"hostIPC": True, "affinity": _follow_daemon(job, g0)}
     c = _container(spec, image, "merge", args, env=env, mounts=mounts, probe=False)
-    pod = _pod_spec(spec, [c], volumes=volumes, service_account=n["sa"], restartPolicy="Never", **extra)
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job, n["merge"], "merge"),
+    pod = _pod_spec(spec, [c], volumes=volumes, service_account=n.service_account, restartPolicy="Never", **extra)
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job, n.merge, "merge"),
             "spec": {"backoffLimit": 2, "template": {"metadata": {"labels": labels(job.name, "merge")}, "spec": pod}}}

@@ -122,7 +122,8 @@ def test_onnx_models_from_a_configmap_or_pvc_are_mounted_for_clients_and_merge()
 
 
 def test_multi_gpu_job_has_a_daemon_and_a_server_group_per_gpu() -> None:
-    from sharetune.planner import GPU_INDEX, daemon_names, servers_scale
+    from sharetune.api.topology import GPU_INDEX_LABEL as GPU_INDEX
+    from sharetune.planner import daemon_names, servers_scale
 
     s = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda",
                           "gpuSharing": {"gpus": 3}, "servers": {"replicas": 4, "threadPercentage": 25}})
@@ -157,9 +158,17 @@ def test_multi_gpu_job_has_a_daemon_and_a_server_group_per_gpu() -> None:
     assert args[args.index("--servers") + 1] == "12" and args[args.index("--key") + 1] == "tj"
     assert [n for _, n, _ in daemon_names("tj", s)] == ["tj-mps-0", "tj-mps-1", "tj-mps-2"]
     assert servers_scale("tj", s, 6) == [("tj-servers-0", 6), ("tj-servers-1", 6), ("tj-servers-2", 6)]
-    # Without MPS each server owns a GPU: one Deployment of replicas x GPUs.
+    # Without MPS each server owns a GPU: still one group (Deployment) of servers.replicas per GPU,
+    # the same rule local mode follows (sharetune.api.topology.gpu_groups).
     nomps = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda", "gpuSharing": {"gpus": 2, "mps": False}})
-    assert servers_scale("tj", nomps, 3) == [("tj-servers", 6)]
+    assert servers_scale("tj", nomps, 3) == [("tj-servers-0", 3), ("tj-servers-1", 3)]
+    nomps_objs = by_kind(plan(JOB, nomps))
+    assert "Pod" not in nomps_objs
+    for d in (d for d in nomps_objs["Deployment"] if d["metadata"]["name"].startswith("tj-servers")):
+        assert containers(d)[0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    # The merge measures under the first GPU's daemon (its pipe directory), as local mode does.
+    merge_dir = next(v for v in pod_spec(plan_merge(JOB, s))["volumes"] if v["name"] == "mps")["hostPath"]["path"]
+    assert merge_dir == next(v for v in pod_spec(daemons["tj-mps-0"])["volumes"] if v["name"] == "mps")["hostPath"]["path"]
     # One GPU keeps the plain names; a CPU job ignores gpus.
     one = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda"})
     assert [(g, d, v) for g, d, v in daemon_names("tj", one)] == [(None, "tj-mps", "tj-servers")]

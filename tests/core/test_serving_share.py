@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sharetune import serving
+from sharetune.api import serving
 from sharetune.planner import JobRef, plan
 from sharetune.api.spec import SpecError, parse_spec
 

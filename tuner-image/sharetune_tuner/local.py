@@ -12,7 +12,6 @@ import os
 import secrets
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -20,10 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sharetune.procs import free_port, stop_group
+from sharetune.api import commands
+from sharetune.api.gpuenv import NO_MULTICAST
+from sharetune.api.spec import TuningJobSpec
+from sharetune.api.topology import PROGRESS_FILE, SUMMARY_FILE, gpu_groups, in_group
+from sharetune.procs import ProcessGroup, free_port
 
 from .build_service import ARTIFACT_DIR_ENV, AUTHKEY_ENV
-from .client import PROGRESS
 from .mps import READY
 
 
@@ -46,49 +48,14 @@ def _listening(host: str, port: int) -> bool:
         return False
 
 
-def in_group(name: str, g: int | None) -> str:
-    """Process name within a GPU group (as the operator names pods: ``<name>-<gpu>``)."""
-    return name if g is None else f"{name}-{g}"
-
-
-@dataclass
-class Proc:
-    name: str
-    argv: list[str]
-    log: Path
-    env: dict[str, str]
-    metrics_port: int
-    popen: subprocess.Popen[bytes] | None = None
-    restarts: int = 0
-
-    def start(self) -> None:
-        with open(self.log, "ab") as out:
-            self.popen = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                          stdin=subprocess.DEVNULL, start_new_session=True)
-
-    def poll(self) -> int | None:
-        return None if self.popen is None else self.popen.poll()
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        if self.popen is None or self.popen.poll() is not None:
-            return
-        stop_group(self.popen.pid, grace_s)  # the group: TVM's popen workers too
-        self.popen.poll()  # record the exit status stop_group reaped
-
-    def tail(self, n: int = 20) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        except FileNotFoundError:
-            return ""
-
-
 @dataclass
 class LocalRun:
-    spec: Any  # sharetune.api.spec.TuningJobSpec
+    spec: TuningJobSpec
     job_path: Path
     workdir: Path
     max_client_restarts: int = 3
-    procs: list[Proc] = field(default_factory=list)
+    procs: list[ProcessGroup] = field(default_factory=list)
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # process name -> its /metrics port
     key: str = "sharetune"
     stopping: bool = False
 
@@ -110,8 +77,6 @@ class LocalRun:
 
     # ---- processes ---------------------------------------------------------------------------
     def _base_env(self) -> dict[str, str]:
-        from sharetune.api.gpuenv import NO_MULTICAST
-
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **NO_MULTICAST, AUTHKEY_ENV: self.build_authkey,
                ARTIFACT_DIR_ENV: str(self.scratch / "artifacts")}
         if self.spec.uses_mps:  # the first GPU's daemon: the merge measures there
@@ -121,7 +86,7 @@ class LocalRun:
     # ---- GPUs: one MPS daemon and servers.replicas servers per GPU ------------------------------
     def gpu_groups(self) -> list[int | None]:
         """GPU indices to spread the servers over; ``None`` = one GPU, plain names and paths."""
-        return list(range(self.spec.gpus)) if self.spec.target == "cuda" and self.spec.gpus > 1 else [None]
+        return gpu_groups(self.spec)
 
     def mps_dir(self, g: int | None) -> Path:
         return self.workdir / ("mps" if g is None else f"mps-{g}")
@@ -144,12 +109,12 @@ class LocalRun:
             env["CUDA_VISIBLE_DEVICES"] = str(g)
         return env
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> ProcessGroup:
         port = free_port()
-        p = Proc(name, [sys.executable, "-m", "sharetune_tuner.cli", *args, "--metrics-port", str(port)],
-                 self.workdir / "logs" / f"{name}.log", env or self._base_env(), port)
-        p.start()
+        p = ProcessGroup(name, [sys.executable, "-m", "sharetune_tuner.cli", *args, "--metrics-port", str(port)],
+                         self.workdir / "logs" / f"{name}.log", env or self._base_env()).start()
         self.procs.append(p)
+        self.metrics_ports[name] = port
         return p
 
     def shard_dir(self, i: int) -> Path:
@@ -161,13 +126,11 @@ class LocalRun:
         if self.shares_builder():
             # First: its workers start (import tvm) while the daemon and servers come up.
             self.build_socket = self.scratch / "sock"
-            self._spawn("build-service", ["build-service", "--socket", str(self.build_socket)])
+            self._spawn("build-service", commands.build_service(str(self.build_socket)))
         if self.spec.uses_mps:
-            pct = self.spec.servers.thread_percentage
             for g in groups:
-                self._spawn(in_group("mps-daemon", g), ["mps-daemon", "--pipe-dir", str(self.mps_dir(g) / "pipe"),
-                                                        "--log-dir", str(self.mps_dir(g) / "log"),
-                                                        "--thread-percentage", str(pct)], self.daemon_env(g))
+                self._spawn(in_group("mps-daemon", g), commands.mps_daemon(
+                    self.spec, str(self.mps_dir(g) / "pipe"), str(self.mps_dir(g) / "log")), self.daemon_env(g))
             # Servers started before the daemon answers would run without MPS.
             daemons = [p for p in self.procs if p.name.startswith("mps-daemon")]
             _wait_until(lambda: all((self.mps_dir(g) / "pipe" / READY).exists() for g in groups)
@@ -175,33 +138,27 @@ class LocalRun:
             for d in daemons:  # no silent fallback to servers without MPS
                 if d.poll() is not None:
                     raise RuntimeError(f"{d.name} exited with {d.poll()}:\n{d.tail()}")
-        self._spawn("tracker", ["tracker", "--host", "127.0.0.1", "--port", str(self.tracker_port)])
+        self._spawn("tracker", commands.tracker(self.tracker_port, host="127.0.0.1"))
         # A server that finds no tracker retries only after 5 s: start them once it listens.
         _wait_until(lambda: _listening("127.0.0.1", self.tracker_port), 5.0)
         for g in groups:
             for j in range(self.spec.servers.replicas):
                 name = in_group("server", g) + f"-{j}"
                 port = free_port()
-                args = ["server", "--tracker", f"127.0.0.1:{self.tracker_port}", "--key", self.key,
-                        "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 19), "--name", name]
-                if self.spec.target == "cuda":
-                    args += ["--thread-percentage", str(self.spec.servers.thread_percentage)]
-                    if self.spec.servers.pinned_memory_limit:
-                        args += ["--pinned-memory-limit", self.spec.servers.pinned_memory_limit]
-                self._spawn(name, args, self.server_env(g))
+                self._spawn(name, commands.server(self.spec, f"127.0.0.1:{self.tracker_port}", self.key, port, port + 19,
+                                                  host="127.0.0.1", name=name), self.server_env(g))
 
     def client_args(self, i: int) -> list[str]:
         # With at least one server per client, each client keeps sessions open on its share of
         # the servers (runner.SessionRPCRunner); otherwise clients take turns, a session per trial.
-        replicas, shards = self.spec.servers.replicas * len(self.gpu_groups()), self.spec.shards
-        runner = ["--servers", str(replicas // shards), "--session-runner"] if replicas >= shards \
-            else ["--servers", str(replicas)]
-        return ["client", "--job", str(self.job_path), "--shard", str(i), "--shards", str(shards),
-                "--work-dir", str(self.shard_dir(i)), "--tracker", f"127.0.0.1:{self.tracker_port}",
-                "--key", self.key, "--clients-on-host", str(shards), *runner,
-                *(["--build-service", str(self.build_socket)] if self.build_socket else [])]
+        replicas, shards = self.spec.total_servers, self.spec.shards
+        session = replicas >= shards
+        return commands.client(str(self.job_path), str(self.shard_dir(i)), f"127.0.0.1:{self.tracker_port}", self.key,
+                               replicas // shards if session else replicas, shard=i, shards=shards,
+                               clients_on_host=shards, session_runner=session,
+                               build_service=str(self.build_socket) if self.build_socket else None)
 
-    def start_client(self, i: int) -> Proc:
+    def start_client(self, i: int) -> ProcessGroup:
         return self._spawn(f"client-{i}", self.client_args(i))
 
     def stop_all(self) -> None:
@@ -211,14 +168,14 @@ class LocalRun:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def metrics_targets(self) -> list[str]:
-        return [f"127.0.0.1:{p.metrics_port}" for p in self.procs if p.poll() is None]
+        return [f"127.0.0.1:{self.metrics_ports[p.name]}" for p in self.procs if p.alive()]
 
     # ---- progress ----------------------------------------------------------------------------
     def progress(self) -> list[dict[str, Any]]:
         out = []
         for i in range(self.spec.shards):
             try:
-                out.append(json.loads((self.shard_dir(i) / PROGRESS).read_text()))
+                out.append(json.loads((self.shard_dir(i) / PROGRESS_FILE).read_text()))
             except (FileNotFoundError, ValueError):
                 out.append({"shard": i, "state": "starting", "done": 0, "budget": 0, "tasks": []})
         return out
@@ -250,9 +207,9 @@ class LocalRun:
 
     def merge(self) -> dict[str, Any]:
         out = self.workdir / "result"
-        p = self._spawn("merge", ["merge", "--job", str(self.job_path), "--out", str(out),
-                                  *sum((["--shard-dir", str(self.shard_dir(i))] for i in range(self.spec.shards)), [])])
-        rc = p.popen.wait() if p.popen else 1
+        p = self._spawn("merge", commands.merge(str(self.job_path), str(out),
+                                                shard_dirs=[str(self.shard_dir(i)) for i in range(self.spec.shards)]))
+        rc = p.wait()
         if rc != 0:
             raise RuntimeError(f"merge failed (exit {rc}):\n{p.tail()}")
-        return json.loads((out / "summary.json").read_text())
+        return json.loads((out / SUMMARY_FILE).read_text())

@@ -1,0 +1,64 @@
+"""The ``sharetune-tuner`` command lines of a job's processes: what the operator's pods run and
+what local mode spawns, built in one place so both topologies start the same commands.
+
+Each function returns the arguments after the program name. Flags are the tuner CLI's
+(``sharetune_tuner/cli.py``); a test parses every line built here with that parser.
+"""
+
+from __future__ import annotations
+
+from .spec import TuningJobSpec
+
+
+def _opt(flag: str, value: object | None) -> list[str]:
+    return [] if value is None else [flag, str(value)]
+
+
+def mps_limits(spec: TuningJobSpec) -> list[str]:
+    """A GPU server's (and the daemon's default) MPS limits: only under MPS do they mean anything."""
+    if not spec.uses_mps:
+        return []
+    return ["--thread-percentage", str(spec.servers.thread_percentage),
+            *_opt("--pinned-memory-limit", spec.servers.pinned_memory_limit)]
+
+
+def mps_daemon(spec: TuningJobSpec, pipe_dir: str, log_dir: str, metrics_port: int | None = None) -> list[str]:
+    return ["mps-daemon", "--pipe-dir", pipe_dir, "--log-dir", log_dir, *mps_limits(spec),
+            *_opt("--metrics-port", metrics_port)]
+
+
+def tracker(port: int, host: str | None = None, metrics_port: int | None = None) -> list[str]:
+    return ["tracker", *_opt("--host", host), "--port", str(port), *_opt("--metrics-port", metrics_port)]
+
+
+def server(spec: TuningJobSpec, tracker_addr: str, key: str, port: int, port_end: int, *, host: str | None = None,
+           name: str | None = None, metrics_port: int | None = None) -> list[str]:
+    return ["server", "--tracker", tracker_addr, "--key", key, *_opt("--host", host), "--port", str(port),
+            "--port-end", str(port_end), *_opt("--name", name), *mps_limits(spec),
+            *_opt("--metrics-port", metrics_port)]
+
+
+def client(job_manifest: str, work_dir: str, tracker_addr: str, key: str, servers: int, *,
+           shard: int | None = None, shards: int | None = None, store: str | None = None,
+           progress: str | None = None, clients_on_host: int | None = None, session_runner: bool = False,
+           build_service: str | None = None, metrics_port: int | None = None) -> list[str]:
+    """A shard's client. In a pod ``shard`` is left out: the Indexed Job's completion index is it."""
+    return ["client", "--job", job_manifest, *_opt("--shard", shard), *_opt("--shards", shards),
+            "--work-dir", work_dir, "--tracker", tracker_addr, "--key", key, "--servers", str(servers),
+            *(["--session-runner"] if session_runner else []), *_opt("--clients-on-host", clients_on_host),
+            *_opt("--build-service", build_service), *_opt("--store", store), *_opt("--progress", progress),
+            *_opt("--metrics-port", metrics_port)]
+
+
+def build_service(socket: str, metrics_port: int | None = None) -> list[str]:
+    return ["build-service", "--socket", socket, *_opt("--metrics-port", metrics_port)]
+
+
+def merge(job_manifest: str, out: str, *, store: str | None = None, shards: int | None = None,
+          shard_dirs: list[str] | None = None, result_configmap: str | None = None, progress: str | None = None,
+          metrics_port: int | None = None) -> list[str]:
+    """The merge: shards from ``store`` (pods) or from ``shard_dirs`` (local mode)."""
+    return ["merge", "--job", job_manifest, *_opt("--store", store), *_opt("--shards", shards),
+            *[a for d in shard_dirs or [] for a in ("--shard-dir", d)], "--out", out,
+            *_opt("--result-configmap", result_configmap), *_opt("--progress", progress),
+            *_opt("--metrics-port", metrics_port)]

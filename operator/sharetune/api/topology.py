@@ -1,0 +1,140 @@
+"""Names and places a TuningJob's parts agree on: child objects, GPU groups, ports, the shard's
+files, the output store's objects and its S3 key layout.
+
+The operator's planner, its status reads, the tuner pods and local mode all derive these from
+here, so a name is written once. Pure: standard library and the spec only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .spec import TuningJobSpec
+
+# ---- ports and paths inside the pods -----------------------------------------------------------
+TRACKER_PORT = 9190
+SERVER_PORT = 9091
+METRICS_PORT = 9400
+JOB_MANIFEST = "/etc/sharetune/job.yaml"  # the spec ConfigMap, mounted read-only
+POD_WORK_DIR = "/work"  # an emptyDir: the client's shard database, the merge's output
+MODEL_DIR = "/model"  # an ONNX model from a ConfigMap or PVC, mounted read-only
+MODEL_DIR_ENV = "SHARETUNE_MODEL_DIR"
+MPS_HOST_ROOT = "/run/sharetune/mps"  # per-job pipe/log directories on the GPU node
+
+# ---- a shard's files (the client's work dir; what the store keeps of a shard) ------------------
+WORKLOADS_FILE = "database_workload.json"  # MetaSchedule JSONDatabase: one line per workload
+RECORDS_FILE = "database_tuning_record.json"  # one line per trial
+PROGRESS_FILE = "progress.json"  # the client's progress; the operator reads it into the status
+CLIENT_LOG = "client.log"  # the client's own log, stored with its records (pod logs outlive the pod)
+SUMMARY_FILE = "summary.json"  # the merge's result summary
+
+# ---- objects in the output store (ConfigMaps or S3) --------------------------------------------
+RESULT_OBJECT = "result"
+
+
+def shard_object(i: int) -> str:
+    """The store object (and ConfigMap suffix) of shard ``i``."""
+    return f"shard-{i}"
+
+
+def object_configmap(job: str, obj: str, result_configmap: str | None = None) -> str:
+    """The ConfigMap that holds store object ``obj`` of ``job``: ``<job>-shard-<i>`` for shards,
+    the result ConfigMap (``spec.output.configMap.name`` or ``<job>-result``) for the result."""
+    if obj == RESULT_OBJECT:
+        return result_configmap or f"{job}-{RESULT_OBJECT}"
+    return f"{job}-{obj}"
+
+
+def s3_job_prefix(prefix: str, namespace: str, job: str) -> str:
+    """Where a job's objects live in its bucket: ``[<prefix>/]<namespace>/<job>``."""
+    return f"{prefix.strip('/')}/{namespace}/{job}" if prefix.strip("/") else f"{namespace}/{job}"
+
+
+def s3_object_key(job_prefix: str, obj: str) -> str:
+    """The key of store object ``obj`` (a tar.gz) under a job's prefix."""
+    return f"{job_prefix}/{obj}.tar.gz" if job_prefix else f"{obj}.tar.gz"
+
+
+def s3_extra_key(job_prefix: str, obj: str, key: str) -> str:
+    """A small text object stored beside ``obj`` (its progress or summary JSON)."""
+    return f"{job_prefix}/{obj}/{key}" if job_prefix else f"{obj}/{key}"
+
+
+def store_uri(namespace: str, job: str, spec: TuningJobSpec) -> str:
+    """The store the job's clients and merge read and write."""
+    s3 = spec.output.s3
+    if s3 is not None:
+        return f"s3://{s3.bucket}/{s3_job_prefix(s3.prefix, namespace, job)}"
+    return configmap_uri(namespace, job)
+
+
+def configmap_uri(namespace: str, job: str) -> str:
+    return f"configmap://{namespace}/{job}"
+
+
+def result_location(namespace: str, job: str, spec: TuningJobSpec) -> str:
+    if spec.output.s3 is not None:
+        return f"{store_uri(namespace, job, spec)}/{RESULT_OBJECT}"
+    return configmap_uri(namespace, object_configmap(job, RESULT_OBJECT, spec.output.config_map))
+
+
+# ---- child objects -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChildNames:
+    """The names of a job's child objects (deterministic: re-creating them is idempotent)."""
+
+    job: str
+
+    @property
+    def spec(self) -> str:
+        return f"{self.job}-spec"
+
+    @property
+    def service_account(self) -> str:
+        return f"{self.job}-tuner"
+
+    @property
+    def mps(self) -> str:
+        return f"{self.job}-mps"
+
+    @property
+    def tracker(self) -> str:
+        return f"{self.job}-tracker"
+
+    @property
+    def servers(self) -> str:
+        return f"{self.job}-servers"
+
+    @property
+    def clients(self) -> str:
+        return f"{self.job}-clients"
+
+    @property
+    def merge(self) -> str:
+        return f"{self.job}-merge"
+
+    def result(self, spec: TuningJobSpec) -> str:
+        return object_configmap(self.job, RESULT_OBJECT, spec.output.config_map)
+
+    def shard(self, i: int) -> str:
+        """The per-shard ConfigMap: progress (always) and, for ConfigMap output, the records."""
+        return object_configmap(self.job, shard_object(i))
+
+
+# ---- GPU groups ----------------------------------------------------------------------------------
+GPU_INDEX_LABEL = "sharetune.io/gpu-index"
+
+
+def gpu_groups(spec: TuningJobSpec) -> list[int | None]:
+    """One group per GPU of a job that spans several (``spec.gpu_count`` > 1): with MPS, its own
+    daemon and ``servers.replicas`` servers under it; without MPS, ``servers.replicas`` servers
+    that each own a GPU. ``None`` = the single-GPU (or CPU) layout, whose objects and processes
+    keep their plain names."""
+    if spec.gpu_count > 1:
+        return list(range(spec.gpu_count))
+    return [None]
+
+
+def in_group(name: str, g: int | None) -> str:
+    """A name within GPU group ``g``: ``<name>-<g>``; the plain name outside groups."""
+    return name if g is None else f"{name}-{g}"

@@ -1,0 +1,82 @@
+"""The command lines both topologies build (sharetune.api.commands) are ones the tuner accepts,
+and the operator's pods and local mode start the same commands for the same job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sharetune.api.spec import parse_spec
+from sharetune.planner import JobRef, plan, plan_merge
+from sharetune_tuner.cli import build_parser
+
+JOB = JobRef("tj", "ns1", "uid-1")
+SPECS: dict[str, dict[str, Any]] = {
+    "cpu": {"model": {"name": "tiny_cnn"}, "clients": {"shards": 3}},
+    "cuda-mps": {"model": {"name": "resnet18"}, "target": "cuda",
+                 "servers": {"replicas": 4, "threadPercentage": 25, "pinnedMemoryLimit": "2G"}},
+    "cuda-2gpu": {"model": {"name": "resnet18"}, "target": "cuda", "gpuSharing": {"gpus": 2}},
+    "cuda-no-mps": {"model": {"name": "resnet18"}, "target": "cuda", "gpuSharing": {"gpus": 2, "mps": False}},
+    "s3": {"model": {"name": "tiny_cnn"}, "output": {"s3": {"bucket": "b", "credentialsSecret": {"name": "c"}},
+                                                     "configMap": None}},
+}
+
+
+def _pod_args(o: dict[str, Any]) -> list[list[str]]:
+    pod = o["spec"]["template"]["spec"] if "template" in o["spec"] else o["spec"]
+    return [c["args"] for c in pod["containers"]]
+
+
+def _parse(args: list[str]) -> Any:
+    try:
+        return build_parser().parse_args(args)
+    except SystemExit:  # argparse's way of refusing a command line
+        pytest.fail(f"the tuner refuses {args}")
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_every_pod_command_parses_with_the_tuner_cli(name: str) -> None:
+    s = parse_spec("tj", SPECS[name])
+    seen = set()
+    for o in [*plan(JOB, s), plan_merge(JOB, s)]:
+        if o["kind"] in ("Pod", "Deployment", "Job"):
+            for args in _pod_args(o):
+                a = _parse(args)
+                seen.add(a.cmd)
+                assert a.metrics_port == 9400
+    assert seen >= {"tracker", "server", "client", "merge"}
+    assert ("mps-daemon" in seen) == s.uses_mps
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_local_mode_starts_the_same_commands(name: str, tmp_path: Path) -> None:
+    import sharetune_tuner.local as local
+
+    s = parse_spec("tj", SPECS[name])
+    run = local.LocalRun(s, tmp_path / "job.yaml", tmp_path / "run")
+    spawned: list[tuple[str, list[str]]] = []
+    run._spawn = lambda n, args, env=None: spawned.append((n, args))  # type: ignore[method-assign,assignment,return-value]
+    wait, local._wait_until = local._wait_until, lambda ready, limit_s, poll_s=0.05: True
+    try:
+        run.start_services()
+    finally:
+        local._wait_until = wait
+        run.stop_all()
+    local_cmds = {n: _parse(a) for n, a in spawned}
+    local_cmds["client"] = _parse(run.client_args(0))
+    pods = {}
+    for o in [*plan(JOB, s), plan_merge(JOB, s)]:
+        if o["kind"] in ("Pod", "Deployment", "Job"):
+            for args in _pod_args(o):
+                pods.setdefault(args[0], _parse(args))
+    # The same subcommands, with the same MPS limits and the same view of the job's servers.
+    assert {a.cmd for a in local_cmds.values()} - {"build-service"} == set(pods) - {"merge"}
+    for n, a in local_cmds.items():
+        if a.cmd in ("server", "mps-daemon"):
+            p = pods[a.cmd]
+            assert (a.thread_percentage, a.pinned_memory_limit) == (p.thread_percentage, p.pinned_memory_limit), n
+    servers_local = sum(1 for a in local_cmds.values() if a.cmd == "server")
+    assert servers_local == s.total_servers
+    assert int(pods["client"].servers) == s.total_servers
