@@ -6,10 +6,13 @@ children; what exists is left as it is, except the fields we manage explicitly (
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from .status import now
 
 
 def create(api: client.ApiClient, obj: dict[str, Any]) -> bool:
@@ -45,8 +48,7 @@ def is_rejection(e: ApiException) -> bool:
 
 
 def reason(e: ApiException) -> str:
-    import json
-
+    
     try:
         return str(json.loads(e.body).get("message", e.reason))
     except (TypeError, ValueError):
@@ -55,8 +57,6 @@ def reason(e: ApiException) -> str:
 
 def restart_deployment(api: client.ApiClient, namespace: str, name: str) -> None:
     """What `kubectl rollout restart` does: a new template annotation rolls every pod."""
-    from .status import now
-
     client.AppsV1Api(api).patch_namespaced_deployment(name, namespace, {"spec": {"template": {"metadata": {
         "annotations": {"sharetune.io/restartedAt": now()}}}}})
 

@@ -22,8 +22,6 @@ def run(a: argparse.Namespace) -> int:
 
     from . import handlers  # registers the handlers
 
-    handlers.NAMESPACES = list(a.namespace)
-
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if a.metrics_port >= 0:
@@ -35,6 +33,7 @@ def run(a: argparse.Namespace) -> int:
     settings.scanning.disabled = bool(a.namespace) and not any(c in n for n in a.namespace for c in "*?!,")
     asyncio.run(kopf.operator(
         clusterwide=not a.namespace, namespaces=a.namespace, settings=settings,
+        memo=kopf.Memo({handlers.NAMESPACES_KEY: tuple(a.namespace)}),
         liveness_endpoint=f"http://0.0.0.0:{a.liveness_port}/healthz" if a.liveness_port >= 0 else None,
         standalone=True))
     return 0

@@ -1,0 +1,64 @@
+"""What every reconcile needs, made once at start-up and passed in (never module globals): the
+API client, the namespaces the operator watches and the tuner image it plans pods with."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client, config
+
+from ..planner import DEFAULT_IMAGE
+from .metrics import JobPhases
+
+MEMO_KEY = "sharetune"
+
+
+def load_api() -> client.ApiClient:
+    """In-cluster credentials, else $KUBECONFIG read now (the kubernetes client reads
+    $KUBECONFIG at import time, which breaks in-process tests)."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+    return client.ApiClient(client.Configuration.get_default_copy())
+
+
+@dataclass(frozen=True)
+class Context:
+    api: client.ApiClient
+    namespaces: tuple[str, ...] = ()  # empty = cluster-wide
+    image: str = DEFAULT_IMAGE
+    status_interval_s: float = 3.0
+    phases: JobPhases = field(default_factory=JobPhases)
+
+    @classmethod
+    def from_env(cls, namespaces: tuple[str, ...] = ()) -> "Context":
+        return cls(api=load_api(), namespaces=tuple(namespaces),
+                   image=os.environ.get("SHARETUNE_TUNER_IMAGE", DEFAULT_IMAGE),
+                   status_interval_s=float(os.environ.get("SHARETUNE_STATUS_INTERVAL", "3")))
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    @property
+    def batch(self) -> client.BatchV1Api:
+        return client.BatchV1Api(self.api)
+
+    @property
+    def apps(self) -> client.AppsV1Api:
+        return client.AppsV1Api(self.api)
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api)
+
+
+def of(memo: Any) -> Context:
+    """The context the start-up handler put in kopf's memo (every object's memo copies it)."""
+    ctx = memo.get(MEMO_KEY)
+    if not isinstance(ctx, Context):
+        raise RuntimeError("the operator's context is missing: the start-up handler has not run")
+    return ctx

@@ -1,0 +1,214 @@
+"""What the operator does for a TuningJob, as plain functions of a :class:`Context` (the kopf
+registration in ``handlers.py`` only calls these):
+
+- ``ensure_children``: parse the spec (a bad one -> Failed/InvalidSpec, no crash loop), create
+  every planned child (idempotent), set Pending;
+- ``scale``: ``spec.servers.replicas`` changed: scale the servers live;
+- ``reconcile_all``: every few seconds, one snapshot of the children; per job: read shard progress,
+  the clients' Indexed Job, the merge Job and the daemon pods; start the merge when every shard is
+  done; move the phase and conditions (an Event on every transition); TTL after finish.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from typing import Any
+
+import kopf
+from kubernetes import client
+
+from ..api.spec import API_GROUP, API_VERSION, SpecError, TuningJobSpec, parse_spec
+from ..planner import JobRef, daemon_names, plan, plan_merge, result_location, servers_scale
+from . import events, kube, metrics
+from .context import Context
+from .observe import Snapshot, observe, snapshot
+from .status import FAILED, FINAL, PENDING, SUCCEEDED, DaemonView, Observed, mps_recovery, next_phase, now, progress_fields
+
+PLURAL = "tuningjobs"
+log = logging.getLogger("sharetune.operator")
+
+
+def _spec_or_fail(ctx: Context, name: str, spec: Any, body: Any, patch: kopf.Patch, generation: int | None
+                  ) -> TuningJobSpec | None:
+    try:
+        return parse_spec(name, dict(spec))
+    except SpecError as e:
+        metrics.ERRORS.labels("create", "InvalidSpec").inc()
+        events.set_phase(ctx.api, body, patch, FAILED, "InvalidSpec", str(e), generation, {})
+        return None
+
+
+def ensure_children(ctx: Context, body: Any, name: str, namespace: str, uid: str, spec: Any, status: Any, meta: Any,
+                    patch: kopf.Patch) -> None:
+    t0 = time.monotonic()
+    if status.get("phase") in FINAL:
+        return
+    s = _spec_or_fail(ctx, name, spec, body, patch, meta.get("generation"))
+    if s is None:
+        return
+    job = JobRef(name, namespace, uid)
+    created = 0
+    try:
+        objs = plan(job, s, ctx.image)
+    except Exception as e:  # a spec the parser let through but the planner cannot use: fail, don't loop
+        log.exception("planning %s/%s", namespace, name)
+        metrics.ERRORS.labels("create", "PlanError").inc()
+        events.set_phase(ctx.api, body, patch, FAILED, "InvalidSpec", f"cannot plan this job: {type(e).__name__}: {e}",
+                         meta.get("generation"), dict(status))
+        return
+    for obj in objs:
+        try:
+            if kube.create(ctx.api, obj):
+                created += 1
+                metrics.CHILDREN.labels(obj["kind"]).inc()
+        except (client.ApiException, ValueError, TypeError) as e:
+            if isinstance(e, client.ApiException) and not kube.is_rejection(e):
+                raise  # the API server is down or busy: kopf retries
+            # The API server (or the client's own model validation, a ValueError) refuses a child
+            # built from this spec (a malformed affinity, image or resources, a quota): retrying
+            # cannot help, so the job fails with the refusal's words.
+            why = kube.reason(e) if isinstance(e, client.ApiException) else " ".join(str(e).split())[:500]
+            metrics.ERRORS.labels("create", "ChildRejected").inc()
+            events.set_phase(ctx.api, body, patch, FAILED, "ChildRejected",
+                             f"{obj['kind']} {obj['metadata']['name']} rejected: {why}", meta.get("generation"),
+                             dict(status))
+            return
+    if not status.get("phase"):
+        patch.status["startTime"] = now()
+        patch.status["resultLocation"] = result_location(job, s)
+        events.set_phase(ctx.api, body, patch, PENDING, "Created", f"created {created} child objects",
+                         meta.get("generation"), dict(status))
+    metrics.RECONCILE.labels("create").observe(time.monotonic() - t0)
+
+
+def scale(ctx: Context, name: str, namespace: str, new: Any, old: Any, body: Any, status: Any) -> None:
+    if old is None or new is None or status.get("phase") in FINAL:
+        return
+    try:
+        s = parse_spec(name, dict(body.get("spec") or {}))
+    except SpecError:
+        return
+    for deployment, replicas in servers_scale(name, s, int(new)):
+        kube.scale_servers(ctx.api, namespace, deployment, replicas)
+    events.post(ctx.api, body, "Normal", "Scaled",
+                f"servers scaled from {old} to {new}" + (f" per GPU ({s.gpus} GPUs)" if s.gpus > 1 else ""))
+
+
+def recover_mps_daemon(ctx: Context, body: dict[str, Any], job: JobRef, s: TuningJobSpec, obs: Observed,
+                       patch: kopf.Patch) -> None:
+    """Per GPU group: a dead daemon is replaced, and its servers restarted against the new one."""
+    status = body.get("status") or {}
+    seen_by_gpu = dict(status.get("mpsDaemonRestartsByGpu") or {})
+    recovered = 0
+    for g, daemon_name, servers_name in daemon_names(job.name, s):
+        key = str(g or 0)
+        view = obs.daemons.get(key, DaemonView())
+        recreate, restart_servers = mps_recovery(view, status.get("phase"), int(seen_by_gpu.get(key, 0)))
+        if recreate:
+            if view.state == "failed":
+                kube.read_or_none(ctx.core.delete_namespaced_pod, daemon_name, job.namespace)
+            daemon = next(o for o in plan(job, s, ctx.image)
+                          if o["kind"] == "Pod" and o["metadata"]["name"] == daemon_name)
+            if not kube.create(ctx.api, daemon):
+                continue  # the old pod is still being deleted: try again next tick
+            metrics.CHILDREN.labels("Pod").inc()
+        if restart_servers:
+            kube.restart_deployment(ctx.api, job.namespace, servers_name)
+            # Restarts of the current daemon pod already answered (a new pod starts from 0).
+            seen_by_gpu[key] = 0 if recreate else view.restarts
+            recovered += 1
+            events.post(ctx.api, body, "Warning", "MpsDaemonRestarted",
+                        f"MPS control daemon {daemon_name} " + ("replaced" if recreate else "restarted in place")
+                        + f"; tuning servers {servers_name} restarted against it")
+    if recovered:
+        patch.status["mpsDaemonRestartsByGpu"] = seen_by_gpu
+        patch.status["mpsRecoveries"] = int(status.get("mpsRecoveries", 0)) + recovered
+
+
+def reconcile_all(ctx: Context) -> None:
+    """One status tick over every job the operator watches."""
+    objs = ctx.custom
+    if ctx.namespaces:
+        items = [j for ns in ctx.namespaces
+                 for j in objs.list_namespaced_custom_object(API_GROUP, API_VERSION, ns, PLURAL)["items"]]
+    else:
+        items = objs.list_cluster_custom_object(API_GROUP, API_VERSION, PLURAL)["items"]
+    active = [b for b in items if not b["metadata"].get("deletionTimestamp")
+              and (b.get("status") or {}).get("phase") not in FINAL]
+    snap = snapshot(ctx) if active else Snapshot()
+    for body in items:
+        if body["metadata"].get("deletionTimestamp"):
+            continue
+        patch = kopf.Patch()
+        try:
+            reconcile_status(ctx, body, patch, snap)
+        except client.ApiException as e:
+            metrics.ERRORS.labels("status", str(e.status)).inc()
+            log.warning("status of %s/%s: %s", body["metadata"]["namespace"], body["metadata"]["name"], e.reason)
+            continue
+        if patch:
+            try:
+                objs.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, body["metadata"]["namespace"],
+                                                           PLURAL, body["metadata"]["name"], dict(patch))
+            except client.ApiException as e:
+                if e.status != 404:  # deleted meanwhile
+                    raise
+
+
+def reconcile_status(ctx: Context, body: dict[str, Any], patch: kopf.Patch, snap: Snapshot) -> None:
+    t0 = time.monotonic()
+    meta, spec, status = body["metadata"], body.get("spec") or {}, body.get("status") or {}
+    name, namespace = meta["name"], meta["namespace"]
+    phase = status.get("phase")
+    if phase in FINAL:
+        _maybe_expire(ctx, name, namespace, spec, status)
+        return
+    if phase is None:
+        return  # the create handler has not run yet
+    try:
+        s = parse_spec(name, dict(spec))
+    except SpecError:
+        return
+    job = JobRef(name, namespace, meta["uid"])
+    obs = observe(ctx, job, s, snap)
+    if s.uses_mps:
+        recover_mps_daemon(ctx, body, job, s, obs, patch)
+    if obs.clients_succeeded >= s.shards and not obs.merge_exists and not obs.clients_failed:
+        if kube.create(ctx.api, plan_merge(job, s, ctx.image)):
+            metrics.CHILDREN.labels("Job").inc()
+    new_phase, reason, message = next_phase(phase, obs, s.shards)
+    for k, v in progress_fields(obs, status.get("startTime")).items():
+        if status.get(k) != v:
+            patch.status[k] = v
+    if obs.summary is not None and new_phase == SUCCEEDED:
+        patch.status["bestSpeedup"] = obs.summary.get("speedup")
+        patch.status["untunedLatencyMs"] = obs.summary.get("latency_untuned_ms")
+        patch.status["tunedLatencyMs"] = obs.summary.get("latency_tuned_ms")
+        patch.status["trialsCompleted"] = obs.summary.get("records")
+        patch.status["progressPercent"] = 100
+    last = _last_reason(status)
+    # While Pending the reason and its message are news (GPU busy, Secret missing or lacking a key,
+    # and back to Starting once fixed); Created -> Starting is not.
+    changed = reason != last or message != status.get("message")
+    if new_phase != phase or (new_phase == PENDING and changed and (last, reason) != ("Created", "Starting")):
+        events.set_phase(ctx.api, body, patch, new_phase, reason, message, meta.get("generation"), dict(status))
+    metrics.RECONCILE.labels("status").observe(time.monotonic() - t0)
+
+
+def _last_reason(status: Any) -> str | None:
+    for c in status.get("conditions") or []:
+        if c.get("type") == "Ready":
+            return c.get("reason")
+    return None
+
+
+def _maybe_expire(ctx: Context, name: str, namespace: str, spec: Any, status: Any) -> None:
+    ttl = spec.get("ttlSecondsAfterFinished")
+    done = status.get("completionTime")
+    if ttl is None or not done:
+        return
+    finished = dt.datetime.fromisoformat(done.replace("Z", "+00:00"))
+    if (dt.datetime.now(dt.timezone.utc) - finished).total_seconds() >= ttl:
+        ctx.custom.delete_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
