@@ -9,7 +9,8 @@ bench/h200/README.md and NVLink multicast off (the script sets the variables for
 
   python3 bench/multi_gpu.py --model resnet18 --trials 192 --gpus 1,2,4
 
-Each count is one `sharetune run --local` (a process tree of its own, stopped by process group).
+Each count is one `sharetune run --local` (a process tree of its own, stopped by process group),
+its output in <work dir>/mg<G>.log.
 Not run yet: the machines lent so far had one GPU (see docs/benchmarks.md).
 """
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +29,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
 from sharetune.api.gpuenv import NO_MULTICAST  # noqa: E402
+from sharetune.procs import ProcessGroup  # noqa: E402
 
 
 def gpu_count() -> int:
@@ -52,12 +53,18 @@ def run_once(model: str, gpus: int, trials: int, servers: int, clients_per_gpu: 
     path.write_text(yaml.safe_dump(job))
     out = work / f"mg{gpus}.json"
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "sharetune.cli", "run", str(path), "--local", "--workdir",
-                        str(work / f"run{gpus}"), "--json", str(out)], env={**os.environ, **NO_MULTICAST},
-                       start_new_session=True)
+    p = ProcessGroup(f"mg{gpus}", [sys.executable, "-m", "sharetune.cli", "run", str(path), "--local", "--workdir",
+                                   str(work / f"run{gpus}"), "--json", str(out)], work / f"mg{gpus}.log",
+                     {**os.environ, **NO_MULTICAST}).start()
+    try:
+        rc = p.wait()
+    finally:
+        p.stop()  # an interrupted bench leaves no tuning processes behind
     wall = time.monotonic() - t0
+    if rc != 0:
+        print(f"{gpus} GPU(s): exit {rc}, {p.log}:\n{p.tail()}", file=sys.stderr)
     summary = json.loads(out.read_text()) if out.exists() else {}
-    return {"gpus": gpus, "exit": p.returncode, "wall_s": round(wall, 1), "trials": summary.get("records"),
+    return {"gpus": gpus, "exit": rc, "wall_s": round(wall, 1), "trials": summary.get("records"),
             "tuning_s": summary.get("tuning_s"), "trials_per_s": summary.get("trials_per_s"),
             "latency_tuned_ms": summary.get("latency_tuned_ms")}
 

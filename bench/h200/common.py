@@ -10,19 +10,26 @@ files to ``$OUT`` so they come back.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+for _p in (str(ROOT / "operator"), str(ROOT / "tuner-image")):  # as tuner_env gives the processes
+    if _p not in sys.path:
+        sys.path.append(_p)
+
+# the product's process-group helper; free_port is the cells'
+from sharetune.procs import ProcessGroup, free_port, stop_all  # noqa: E402,F401
+
 RESULTS = ROOT / "bench" / "results"
 RUN_ROOT = Path(os.environ.get("BENCH_RUN_ROOT", "/tmp/sharetune-bench"))
 DEVICE_RESULTS = RUN_ROOT / "results"
@@ -70,12 +77,6 @@ def export_results() -> None:
 
 
 # ---- processes --------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def tuner_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of every tuner process: torch hidden (NOTORCH_PYTHONPATH first), the repo's
     packages importable, unbuffered output."""
@@ -90,69 +91,50 @@ def tuner_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 class Group:
-    """Processes started in their own sessions; stopped by process group (TVM's popen workers too)."""
+    """The processes of one cell, each a ``sharetune.procs.ProcessGroup`` (its own process group,
+    so TVM's popen workers stop with it) logging to ``<log_dir>/<name>.log``; ``stop`` stops them
+    in reverse start order."""
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.procs: list[ProcessGroup] = []
 
-    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        out = open(self.log_dir / f"{name}.log", "ab")
-        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             env=env, start_new_session=True, cwd=str(ROOT))
-        out.close()
-        self.procs.append((name, p))
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> ProcessGroup:
+        p = ProcessGroup(name, argv, self.log_dir / f"{name}.log", env, ROOT).start()
+        self.procs.append(p)
         return p
 
     def tail(self, name: str, n: int = 30) -> str:
-        try:
-            return "\n".join((self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-n:])
-        except FileNotFoundError:
-            return ""
+        return next((p.tail(n) for p in self.procs if p.name == name), "")
 
     def stop(self, grace_s: float = 8.0) -> None:
-        for _, p in reversed(self.procs):
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + grace_s
-        for _, p in reversed(self.procs):
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait()
-            # the group may have children left even when the leader is gone
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        stop_all(self.procs, grace_s)
         self.procs = []
 
 
-def wait_servers(host: str, port: int, key: str, n: int, timeout_s: float = 60.0) -> int:
-    from tvm import rpc
+# ---- earlier runs -----------------------------------------------------------------------------
+PRIOR_RUNS_ENV = "BENCH_PRIOR_RUNS"
 
-    deadline = time.monotonic() + timeout_s
-    seen = 0
-    while time.monotonic() < deadline:
-        try:
-            summary = rpc.connect_tracker(host, port).summary()
-            seen = sum(1 for s in summary.get("server_info", []) if str(s.get("key", "")).split(":")[-1] == key)
-            if seen >= n:
-                return seen
-        except Exception:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"only {seen} of {n} RPC servers registered under {key!r} after {timeout_s:.0f}s")
+
+def add_prior_runs_arg(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--prior-runs", metavar="TAR", default=os.environ.get(PRIOR_RUNS_ENV) or None,
+                    help="a sweep's h200-runs.tar.gz (record databases of earlier runs) to restore on a "
+                         f"fresh machine (default: ${PRIOR_RUNS_ENV}; none: start without earlier runs). "
+                         "Not in git: see bench/h200/README.md for getting it back from history")
+
+
+def restore_runs(tar: str | None) -> None:
+    """Earlier runs' record databases (``runs/<id>/...`` of a sweep's ``h200-runs.tar.gz``) into
+    ``$BENCH_RUN_ROOT``, on a fresh machine only; without ``tar`` the machine starts without them
+    (evaluations and serving reports of those runs then have nothing to read)."""
+    if not tar or (RUN_ROOT / "runs").exists():
+        return
+    if not Path(tar).is_file():
+        raise SystemExit(f"--prior-runs / ${PRIOR_RUNS_ENV}: {tar}: no such file")
+    RUN_ROOT.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(tar) as t:
+        t.extractall(RUN_ROOT)
 
 
 # ---- MPS --------------------------------------------------------------------------------------
@@ -164,10 +146,12 @@ def mps_env() -> dict[str, str]:
     return {"CUDA_MPS_PIPE_DIRECTORY": str(MPS_PIPE), "CUDA_MPS_LOG_DIRECTORY": str(MPS_LOG)}
 
 
-def mps_control(cmd: str) -> str:
-    r = subprocess.run(["nvidia-cuda-mps-control"], input=cmd + "\n", capture_output=True, text=True,
-                       env={**os.environ, **mps_env()}, timeout=30)
-    return (r.stdout + r.stderr).strip()
+def mps_control(cmd: str, pipe: Path = MPS_PIPE, log_dir: Path = MPS_LOG, timeout_s: float = 30.0) -> str:
+    """One command to the MPS control daemon of ``pipe`` (the product's ``MpsDaemon.control``):
+    its answer, or why there was none."""
+    from sharetune_tuner.mps import MpsDaemon
+
+    return MpsDaemon(pipe, log_dir).control(cmd, timeout_s)[1]
 
 
 def mps_start(default_pct: int | None = None) -> None:

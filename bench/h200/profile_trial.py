@@ -17,8 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from common import (RUN_ROOT, Group, append_cell, free_port, gpu_name, load_cells, log, tuner_env,
-                    wait_servers)
+from common import RUN_ROOT, Group, append_cell, free_port, gpu_name, load_cells, log, tuner_env
 
 CELLS = "h200-profile.jsonl"
 
@@ -77,6 +76,7 @@ def _profile(a: argparse.Namespace, out: dict[str, Any], g: Group, wd: Path) -> 
     out["import_tvm_s"] = round(time.perf_counter() - t, 3)
     out["torch_importable"] = _torch_importable()
     from sharetune_tuner.builder import PooledBuilder, export_shared
+    from sharetune_tuner.client import wait_for_tracker
     from sharetune_tuner.model import load
     from sharetune_tuner.runner import SessionRPCRunner
     from sharetune_tuner.targets import make_target
@@ -103,7 +103,7 @@ def _profile(a: argparse.Namespace, out: dict[str, Any], g: Group, wd: Path) -> 
     task = heaviest(tasks, 1)[0]
     out["task"] = {"name": task.info.name, "flops": task.info.flops, "weight": task.info.weight}
     log(f"task {task.info.name}; {len(tasks)} tasks; extract {out['extract_s']} s")
-    wait_servers("127.0.0.1", port, key, 1)
+    wait_for_tracker("127.0.0.1", port, key, 60.0)
 
     # ---- search ----------------------------------------------------------------------------
     search: dict[str, Any] = {}

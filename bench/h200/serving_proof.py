@@ -3,7 +3,10 @@
 a job-style MPS daemon (``sharetune_tuner.mps.MpsDaemon``), so summary.json gets
 ``latency_ms_by_serving_pct``. Writes ``$OUT/h200-serving-report.json``.
 
-  python3 bench/h200/serving_proof.py [--run st-r18-m6n6p10-pop8]
+  python3 bench/h200/serving_proof.py [--run st-r18-m6n6p10-pop8] [--prior-runs h200-runs.tar.gz]
+
+The run's record databases must be under $BENCH_RUN_ROOT/runs (a sweep on this machine, or
+``--prior-runs`` / ``$BENCH_PRIOR_RUNS``: a sweep's h200-runs.tar.gz, restored on a fresh machine).
 """
 
 from __future__ import annotations
@@ -12,24 +15,19 @@ import argparse
 import json
 import os
 import sys
-import tarfile
 import time
 from pathlib import Path
 
-from common import RUN_ROOT, load_cells, log, tuner_env
-
-HERE = Path(__file__).resolve().parent
+from common import RUN_ROOT, add_prior_runs_arg, load_cells, log, restore_runs, tuner_env
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--run", default="st-r18-m6n6p10-pop8")
+    add_prior_runs_arg(ap)
     a = ap.parse_args()
     os.environ.update(tuner_env())
-    carried = HERE.parent / "results" / "h200-runs.tar.gz"
-    if carried.exists() and not (RUN_ROOT / "runs").exists():
-        with tarfile.open(carried) as tar:
-            tar.extractall(RUN_ROOT)
+    restore_runs(a.prior_runs)
     cell = load_cells("h200-cells.jsonl")[a.run]
     from sharetune.api.spec import parse_spec
     from sharetune_tuner.merge import merge_and_report

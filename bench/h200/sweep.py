@@ -5,6 +5,12 @@ already in the results files, so the same command can simply be repeated until t
 
 A cell starts only if its estimated duration fits in what is left of ``--budget-s``; what came out
 (results JSON-lines, the runs' record databases, the log) is copied to $OUT.
+
+The record databases go to ``$OUT/h200-runs.tar.gz`` for the operator of the sweep: keep it
+(``bench/results/*.tar.gz`` is git-ignored, never committed) and hand it back with
+``--prior-runs`` (or ``$BENCH_PRIOR_RUNS``) so a fresh machine restores the earlier runs; without
+it the sweep starts without them. bench/h200/README.md says how to get the last committed one back
+from git history.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from common import RUN_ROOT, export_results, load_cells, log, tuner_env
+from common import RUN_ROOT, add_prior_runs_arg, export_results, load_cells, log, restore_runs, tuner_env
 
 HERE = Path(__file__).resolve().parent
 CELLS, PROFILE, EVAL = "h200-cells.jsonl", "h200-profile.jsonl", "h200-eval.jsonl"
@@ -78,8 +84,8 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
         ev_r4,
         # Round r5 (session 4): clients start at once, with the MPS daemon and the tracker; servers
         # follow when both are ready; a client waits for the tracker only at its first measurement.
-        # Measured slower than r4 and reverted (r5-change.diff is the change): re-running these cells
-        # now measures the r4 code.
+        # Measured slower than r4 and reverted (the change: bench/h200/README.md, from git history):
+        # re-running these cells now measures the r4 code.
         {"id": f"base-{m}-r5", "file": CELLS, "est": 330,
          "argv": ["tune_cell.py", "--id", f"base-{m}-r5", "--mode", "baseline", "--round", "r5", *base]},
         st(6, 6, 50, ["--round", "r5", "--per-iter", "16"], "-i16-r5"),
@@ -135,14 +141,12 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=16)
     ap.add_argument("--only", default="", help="comma list of cell ids to run (default: the whole plan)")
     ap.add_argument("--dry-run", action="store_true")
+    add_prior_runs_arg(ap)
     a = ap.parse_args()
     t0 = time.monotonic()
     os.environ.update(tuner_env())
     RUN_ROOT.mkdir(parents=True, exist_ok=True)
-    carried = HERE.parent / "results" / "h200-runs.tar.gz"
-    if carried.exists() and not (RUN_ROOT / "runs").exists():  # a fresh machine: restore earlier runs
-        with tarfile.open(carried) as tar:
-            tar.extractall(RUN_ROOT)
+    restore_runs(a.prior_runs)  # a fresh machine: earlier runs, if given
     # The tuner image ships TVM's tensor intrinsics pre-parsed (Dockerfile); on this machine the
     # same cache is built once here, before any timed cell (sharetune_tuner/intrinsics.py).
     t = time.monotonic()
@@ -185,7 +189,7 @@ def main() -> int:
         os.system(f"tail -n 4 {RUN_ROOT / 'sweep.log'} >&2")
     export_results()
     out = os.environ.get("OUT")
-    if out and not a.dry_run:
+    if out and not a.dry_run:  # for the operator of the sweep (--prior-runs next time), not for git
         with tarfile.open(Path(out) / "h200-runs.tar.gz", "w:gz") as tar:
             for p in (RUN_ROOT / "runs").glob("*/**/*"):
                 if p.is_file() and (p.name.startswith("database_") or p.name in ("progress.json", "client.json",

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (RUN_ROOT, Group, Sampler, append_cell, free_port, gpu_name, load_cells, log,
-                    tuner_env, wait_servers)
+                    mps_control, tuner_env)
 
 CELLS = "h200-cells.jsonl"
 
@@ -38,6 +38,8 @@ def _failed(recs: list[Any]) -> int:
 
 
 def run_baseline(a: argparse.Namespace, wd: Path) -> dict[str, Any]:
+    from sharetune_tuner.client import wait_for_tracker
+
     env = tuner_env()
     g = Group(wd / "logs")
     port = free_port()
@@ -52,12 +54,12 @@ def run_baseline(a: argparse.Namespace, wd: Path) -> dict[str, Any]:
         g.start("server", [sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}",
                            "--key", key, "--host", "127.0.0.1", "--port", "9300", "--port-end", "9330",
                            "--silent"], env)
-        wait_servers("127.0.0.1", port, key, 1)
+        wait_for_tracker("127.0.0.1", port, key, 60.0)
         client = g.start("client", [sys.executable, str(Path(__file__).with_name("baseline_client.py")),
                                     "--work-dir", str(wd), "--model", a.model, "--target", a.target,
                                     "--tasks", str(a.tasks), "--trials", str(a.trials),
                                     "--tracker", f"127.0.0.1:{port}", "--key", key, "--seed", str(a.seed)], env)
-        rc = client.wait(timeout=a.timeout)
+        rc = client.wait(a.timeout)
         t1 = time.time()
         if rc != 0:
             raise RuntimeError(f"baseline client exited {rc}:\n{g.tail('client')}")
@@ -72,18 +74,9 @@ def run_baseline(a: argparse.Namespace, wd: Path) -> dict[str, Any]:
 def _mps_servers(wd: Path) -> str:
     """Proof that the servers ran as MPS clients: the control daemon's server list and the
     clients of each MPS server."""
-    import subprocess
-
-    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(wd / "mps" / "pipe"),
-           "CUDA_MPS_LOG_DIRECTORY": str(wd / "mps" / "log")}
 
     def ctl(cmd: str) -> str:
-        try:
-            r = subprocess.run(["nvidia-cuda-mps-control"], input=cmd + "\n", capture_output=True, text=True,
-                               env=env, timeout=10)
-            return (r.stdout + r.stderr).strip()
-        except Exception as e:
-            return f"{type(e).__name__}: {e}"
+        return mps_control(cmd, wd / "mps" / "pipe", wd / "mps" / "log", 10.0)
 
     servers = ctl("get_server_list")
     out = [f"servers: {servers}"]
@@ -98,8 +91,9 @@ def run_sharetune(a: argparse.Namespace, wd: Path) -> dict[str, Any]:
     if a.pop_per_cand:
         os.environ["BENCH_POP_PER_CAND"] = str(a.pop_per_cand)
     from sharetune.api.spec import load_job
+    from sharetune.procs import ProcessGroup
     from sharetune_tuner.cpus import default_builder_workers
-    from sharetune_tuner.local import LocalRun, Proc
+    from sharetune_tuner.local import LocalRun
 
     # --builder-workers N: every client its own pool of N (rounds up to r5: N = 2 x cores / clients);
     # default: the clients share one build service of the host's cores (local mode's default).
@@ -134,11 +128,10 @@ spec:
     spec = load_job(job)
 
     class BenchRun(LocalRun):
-        def start_client(self, i: int) -> Proc:
-            p = Proc(f"client-{i}", [sys.executable, str(Path(__file__).with_name("st_client.py")),
-                                     *self.client_args(i), "--metrics-port", "-1"],
-                     self.workdir / "logs" / f"client-{i}.log", self._base_env(), -1)
-            p.start()
+        def start_client(self, i: int) -> ProcessGroup:  # no metrics port: not in metrics_ports
+            p = ProcessGroup(f"client-{i}", [sys.executable, str(Path(__file__).with_name("st_client.py")),
+                                             *self.client_args(i), "--metrics-port", "-1"],
+                             self.workdir / "logs" / f"client-{i}.log", self._base_env()).start()
             self.procs.append(p)
             return p
 
