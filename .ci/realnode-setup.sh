@@ -20,6 +20,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
 echo "[realnode-setup] node binaries (kubelet, kube-proxy, coredns, crictl, pause)"
-.venv/bin/python -m sharetune.cluster.binaries --node
+.venv/bin/python -m sharetune_dev.cluster.binaries --node
 echo "[realnode-setup] images (podman; layers cached, so a rebuild after a code change is short)"
 bash deploy/images/build.sh

@@ -27,11 +27,12 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 stamp=.venv/.sharetune-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "[setup] pip install -e .[dev]"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ devtools/pyproject.toml -nt "$stamp" ]; then
+  # The product with its extras and the developer tooling (devtools/, sharetune-dev), resolved together.
+  echo "[setup] pip install -e .[operator,tuner,bench] -e ./devtools"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  .venv/bin/python -m pip install -q -e '.[operator,tuner,bench]' -e ./devtools
   touch "$stamp"
 fi
 echo "[setup] pinned binaries (built from source on first use, then cached)"
-.venv/bin/python -m sharetune.cluster.binaries
+.venv/bin/python -m sharetune_dev.cluster.binaries

@@ -25,7 +25,7 @@ OUT = ROOT / "bench" / "results" / "control-plane.json"
 
 def build(env: dict[str, str]) -> float:
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "sharetune.cluster.binaries"], env=env, check=True,
+    subprocess.run([sys.executable, "-m", "sharetune_dev.cluster.binaries"], env=env, check=True,
                    stdout=subprocess.DEVNULL)
     return time.monotonic() - t0
 
@@ -48,7 +48,7 @@ def main() -> int:
             result["cold_build_note"] = prev["cold_build_note"]
     result["warm_build_s"] = round(build(dict(os.environ)), 2)
 
-    from sharetune.cluster.harness import LocalCluster
+    from sharetune_dev.cluster.harness import LocalCluster
 
     times = []
     for _ in range(a.startups):

@@ -1,5 +1,5 @@
 """Renders docs/dashboard.png: the Grafana dashboard's CPU panels, drawn with matplotlib from the
-very PromQL queries the dashboard holds (operator/sharetune/dashboard.py), answered by a real
+very PromQL queries the dashboard holds (devtools/sharetune_dev/dashboard.py), answered by a real
 Prometheus (Debian's package) that scraped a real local tuning run of examples/tiny-cpu.yaml.
 
   .venv/bin/python bench/dashboard_png.py        # ~3 min on 2 cores
@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,9 +44,9 @@ def main() -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sharetune.dashboard import PANELS
-    from sharetune.procs import free_port, stop_group
     from sharetune.api.spec import load_job
+    from sharetune.procs import ProcessGroup, free_port
+    from sharetune_dev.dashboard import PANELS
     from sharetune_tuner.local import LocalRun
 
     prometheus = shutil.which("prometheus")
@@ -67,9 +66,9 @@ def main() -> int:
     (tmp / "prometheus.yml").write_text(yaml.safe_dump({
         "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
         "scrape_configs": [{"job_name": "sharetune", "static_configs": [{"targets": run.metrics_targets()}]}]}))
-    prom = subprocess.Popen([prometheus, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}"], stdout=open(tmp / "prometheus.log", "wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    prom = ProcessGroup("prometheus", [prometheus, f"--config.file={tmp / 'prometheus.yml'}",
+                                       f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+                        tmp / "prometheus.log").start()
     t0 = time.time()
     try:
         worker.join(timeout=900)
@@ -100,7 +99,7 @@ def main() -> int:
         fig.savefig(out, dpi=90)
         print(out)
     finally:
-        stop_group(prom.pid, grace_s=5)
+        prom.stop(grace_s=5)
         run.stop_all()
     return 0
 

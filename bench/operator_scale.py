@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -31,7 +30,8 @@ def main() -> int:
     a = ap.parse_args()
     from kubernetes import client, config
 
-    from sharetune.cluster.harness import FakeNode, LocalCluster
+    from sharetune.procs import ProcessGroup, free_port
+    from sharetune_dev.cluster.harness import FakeNode, LocalCluster
 
     nodes = [FakeNode(f"kwok-cpu-{i}", gpus=0, pods=250) for i in range(4)]
     cluster = LocalCluster(nodes=nodes).start()
@@ -42,12 +42,10 @@ def main() -> int:
         ext.create_custom_resource_definition(yaml.safe_load((ROOT / "crds" / "tuningjobs.sharetune.io.yaml").read_text()))
         time.sleep(2)
         env = {**cluster.env(), "SHARETUNE_STATUS_INTERVAL": "3"}
-        from sharetune.cluster.harness import free_port
-
         metrics_port = free_port()
-        op = subprocess.Popen([sys.executable, "-m", "sharetune.cli", "operator", "--metrics-port", str(metrics_port),
-                               "--liveness-port", "-1"], env=env, stdout=open(cluster.workdir / "operator.log", "wb"),
-                              stderr=subprocess.STDOUT, start_new_session=True)
+        op = ProcessGroup("operator", [sys.executable, "-m", "sharetune.cli", "operator", "--metrics-port",
+                                       str(metrics_port), "--liveness-port", "-1"],
+                          cluster.workdir / "operator.log", env=env).start()
         time.sleep(5)
         objs, batch = client.CustomObjectsApi(api), client.BatchV1Api(api)
         created: dict[str, float] = {}
@@ -107,9 +105,7 @@ def main() -> int:
         print(json.dumps(result, indent=2))
     finally:
         if op is not None:
-            from sharetune.cluster.harness import stop_group
-
-            stop_group(op.pid)
+            op.stop()
         cluster.stop()
     return 0
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import yaml
 
-from sharetune.cluster import realrun
-from sharetune.cluster.node import RealCluster
+from sharetune_dev.cluster import realrun
+from sharetune_dev.cluster.node import RealCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "real-node-e2e.json"

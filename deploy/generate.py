@@ -7,7 +7,6 @@ chart, for users without Helm. tests/helm checks that the committed file has not
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,8 +15,7 @@ NAMESPACE = "sharetune-system"
 
 
 def render() -> str:
-    sys.path.insert(0, str(ROOT / "operator"))
-    from sharetune.cluster import binaries
+    from sharetune_dev.cluster import binaries  # the developer tooling: pip install -e ./devtools
 
     helm = binaries.ensure(["helm"])["helm"]
     body = subprocess.run([str(helm), "template", "sharetune", str(ROOT / "helm" / "sharetune"),

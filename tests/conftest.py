@@ -15,7 +15,7 @@ from kubernetes import client
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator["LocalCluster"]:
-    from sharetune.cluster.harness import FakeNode, LocalCluster
+    from sharetune_dev.cluster.harness import FakeNode, LocalCluster
 
     c = LocalCluster(nodes=[FakeNode("kwok-gpu-0", gpus=1), FakeNode("kwok-cpu-0", gpus=0)])
     c.start()
@@ -36,7 +36,7 @@ def k8s(cluster):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def s3() -> Iterator["LocalS3"]:
     """A real S3-compatible server (gofakes3, built from source) on loopback."""
-    from sharetune.cluster.s3 import LocalS3
+    from sharetune_dev.cluster.s3 import LocalS3
 
     srv = LocalS3().start()
     try:

@@ -1,10 +1,11 @@
 """The Grafana dashboard, as code (grafana-foundation-sdk), and the PromQL behind every panel.
 
-    python -m sharetune.dashboard > helm/sharetune/files/dashboard.json
+    python -m sharetune_dev.dashboard > helm/sharetune/files/dashboard.json
 
 The chart ships the JSON in a ConfigMap labelled for Grafana's dashboard sidecar; a test renders
 it again to catch drift, and another runs every panel's query against a real Prometheus that
-scraped a real tuning run.
+scraped a real tuning run. Developer tooling (grafana-foundation-sdk is a dev-only dependency):
+the product ships only the generated JSON.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ pods (Always) are restarted in place with ``restartCount`` bumped. Deleted pods'
 stopped. Fault tests kill processes with :meth:`kill`.
 
 Only for CPU jobs (or a GPU job explicitly turned into a CPU one with ``cpu_for_gpu``, which is
-then a mock of the GPU and says so in its test).
+then a mock of the GPU and says so in its test; its MPS daemon pod runs ``fake_mps_control.py``).
+Used by the fault tests (``tests/faults``) and the bad-input tests.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -39,34 +39,34 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from sharetune.procs import free_port, stop_group
+from sharetune.procs import ProcessGroup, free_port
 
-HERE = Path(__file__).resolve().parent
+FAKE_MPS_CONTROL = Path(__file__).resolve().with_name("fake_mps_control.py")  # a MOCK of NVIDIA's binary
 MANAGED = "app.kubernetes.io/managed-by=sharetune"
 
 
 @dataclass
-class PodProc:
-    pod: str
-    uid: str
-    component: str
-    argv: list[str]
-    env: dict[str, str]
-    log: Path
-    restart_always: bool
-    work: Path
-    popen: subprocess.Popen[bytes] | None = None
-    restarts: int = 0
+class PodProc(ProcessGroup):
+    """A pod's container as a process group (``name``: the pod's name, ``cwd``: its work dir)."""
+
+    uid: str = ""
+    component: str = ""
+    restart_always: bool = False
     started_at: float = 0.0
 
-    def start(self) -> None:
-        with open(self.log, "ab") as out:
-            self.popen = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True, env=self.env, cwd=self.work)
-        self.started_at = time.monotonic()
+    @property
+    def pod(self) -> str:
+        return self.name
 
-    def exited(self) -> int | None:
-        return None if self.popen is None else self.popen.poll()
+    @property
+    def work(self) -> Path:
+        assert self.cwd is not None
+        return self.cwd
+
+    def start(self) -> "PodProc":
+        super().start()
+        self.started_at = time.monotonic()
+        return self
 
 
 @dataclass
@@ -101,8 +101,7 @@ class ProcessKubelet:
         self._thread.join(timeout=10)
         with self._lock:
             for p in self.procs.values():
-                if p.popen is not None:
-                    stop_group(p.popen.pid, grace_s=5)
+                p.stop(grace_s=5)
             self.procs.clear()
 
     def _loop(self) -> None:
@@ -117,7 +116,7 @@ class ProcessKubelet:
     # ---- fault injection ------------------------------------------------------------------------
     def running(self, component: str) -> list[PodProc]:
         with self._lock:
-            return [p for p in self.procs.values() if p.component == component and p.exited() is None]
+            return [p for p in self.procs.values() if p.component == component and p.alive()]
 
     def kill(self, component: str, index: int = 0, sig: int = signal.SIGKILL) -> PodProc:
         """Kills the process group of the ``index``-th running pod of ``component`` (a crash)."""
@@ -125,8 +124,8 @@ class ProcessKubelet:
         if len(procs) <= index:
             raise LookupError(f"no running {component} pod #{index}: {[p.pod for p in procs]}")
         p = procs[index]
-        assert p.popen is not None
-        os.killpg(p.popen.pid, sig)  # not reaped here: the tick reads its exit status
+        with self._lock:  # not between a tick's poll and its restart of the same pod
+            p.kill(sig)  # the tick reads its exit status and reports or restarts it
         return p
 
     # ---- the kubelet ----------------------------------------------------------------------------
@@ -137,12 +136,11 @@ class ProcessKubelet:
             for uid, proc in list(self.procs.items()):
                 pod = by_uid.get(uid)
                 if pod is None or pod.metadata.deletion_timestamp is not None:
-                    if proc.popen is not None:
-                        stop_group(proc.popen.pid, grace_s=5)
+                    proc.stop(grace_s=5)
                     del self.procs[uid]
                     self.done.add(uid)
                     continue
-                rc = proc.exited()
+                rc = proc.poll()
                 if rc is None:
                     continue
                 if proc.restart_always:
@@ -234,15 +232,13 @@ class ProcessKubelet:
                       "--advertise-addr", "127.0.0.1"]
         elif component == "mps-daemon":
             wrapper = work / "nvidia-cuda-mps-control"
-            wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {HERE / 'fake_mps_control.py'} \"$@\"\n")
+            wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE_MPS_CONTROL} \"$@\"\n")
             wrapper.chmod(0o755)
             extra += ["--control-binary", str(wrapper), "--no-gpu-check"]
         argv = [sys.executable, "-m", "sharetune_tuner.cli", *args, *extra]
         (work / "launch.json").write_text(json.dumps({"argv": argv, "env": env}, indent=1))
-        proc = PodProc(name, pod.metadata.uid, component, argv, env, work / "pod.log",
-                       restart_always=pod.spec.restart_policy == "Always", work=work)
-        proc.start()
-        return proc
+        return PodProc(name, argv, work / "pod.log", env=env, cwd=work, uid=pod.metadata.uid, component=component,
+                       restart_always=pod.spec.restart_policy == "Always").start()
 
     def _env(self, pod: Any, c: Any) -> dict[str, str]:
         out: dict[str, str] = {}

@@ -28,7 +28,8 @@ import yaml
 from .api import commands
 from .api.gpuenv import NO_MULTICAST
 from .api.spec import API_GROUP, API_VERSION, KIND, TuningJobSpec
-from .api.topology import (GPU_INDEX_LABEL, JOB_MANIFEST, METRICS_PORT, MODEL_DIR, MODEL_DIR_ENV, MPS_HOST_ROOT,
+from .api.topology import (GPU_INDEX_LABEL, JOB_MANIFEST, METRICS_PORT, MODEL_DIR, MODEL_DIR_ENV, MODEL_FILE,
+                           MPS_HOST_ROOT,
                            POD_WORK_DIR, SERVER_PORT, TRACKER_PORT, ChildNames, configmap_uri, gpu_groups, in_group)
 from .api.topology import result_location as _result_location
 from .api.topology import store_uri as _store_uri
@@ -150,7 +151,7 @@ def _model_volume(spec: TuningJobSpec) -> tuple[list[dict[str, Any]], list[dict[
         return [], [], []
     if src.config_map:
         vol = {"name": "model", "configMap": {"name": src.config_map,
-                                              "items": [{"key": src.config_map_key, "path": "model.onnx"}]}}
+                                              "items": [{"key": src.config_map_key, "path": MODEL_FILE}]}}
     else:
         vol = {"name": "model", "persistentVolumeClaim": {"claimName": src.pvc, "readOnly": True}}
     return ([vol], [{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}],

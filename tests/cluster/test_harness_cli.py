@@ -43,7 +43,7 @@ def test_cluster_up_then_down(tmp_path: Path) -> None:
 
 
 def test_failure_shows_component_log_tails(tmp_path: Path) -> None:
-    from sharetune.cluster.harness import ClusterError, LocalCluster
+    from sharetune_dev.cluster.harness import ClusterError, LocalCluster
 
     c = LocalCluster(workdir=tmp_path / "bad")
     # Occupy etcd's client port choice by forcing a bogus etcd flag through a subclass hook.

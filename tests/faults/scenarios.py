@@ -3,7 +3,8 @@ every record that had been measured in its merged result?
 
 Real parts: the local control plane (etcd, kube-apiserver, controllers, scheduler, kwok), the
 operator as its own process (`sharetune operator`), the S3 server, and the tuner processes
-(tracker, servers, clients, merge) run from the pods' own args by :class:`ProcessKubelet`.
+(tracker, servers, clients, merge) run from the pods' own args by :class:`ProcessKubelet`
+(``sharetune_dev.podsim``, the developer tooling).
 Shared by ``tests/faults/test_faults.py`` (asserts) and ``bench/fault_matrix.py`` (the table).
 """
 
@@ -11,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -23,9 +22,8 @@ from typing import Any, Callable
 
 from kubernetes import client
 
-from sharetune.procs import kill_group, stop_group
-
-from .podsim import ProcessKubelet
+from sharetune.procs import ProcessGroup
+from sharetune_dev.podsim import ProcessKubelet
 
 GROUP, VERSION, PLURAL = "sharetune.io", "v1alpha1", "tuningjobs"
 FAULTS = ("operator_killed", "client_killed", "server_killed", "tracker_killed", "mps_daemon_killed",
@@ -55,36 +53,31 @@ class OperatorProcess:
 
     def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
         self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
-        self.popen: subprocess.Popen[bytes] | None = None
+        self.proc = ProcessGroup("operator", [sys.executable, "-m", "sharetune.cli", "operator", "--namespace",
+                                              namespace, "--metrics-port", "-1", "--liveness-port", "-1"], log)
         self.starts = 0
 
     def start(self) -> None:
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "SHARETUNE_STATUS_INTERVAL": "1"}
-        with open(self.log, "ab") as out:
-            self.popen = subprocess.Popen([sys.executable, "-m", "sharetune.cli", "operator", "--namespace",
-                                           self.namespace, "--metrics-port", "-1", "--liveness-port", "-1"],
-                                          stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc.env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "SHARETUNE_STATUS_INTERVAL": "1"}
+        self.proc.start()
         self.starts += 1
 
     def kill(self) -> None:
-        assert self.popen is not None
-        kill_group(self.popen.pid, signal.SIGKILL)
-        self.popen = None
+        """SIGKILL to the whole group: a crashed pod."""
+        self.proc.kill()
 
     def stop(self) -> None:
-        if self.popen is not None:
-            stop_group(self.popen.pid, grace_s=5)
-            self.popen = None
+        self.proc.stop(grace_s=5)
 
     def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
+        return self.proc.alive()
 
 
 @dataclass
 class FaultEnv:
-    cluster: Any  # sharetune.cluster.harness.LocalCluster
+    cluster: Any  # sharetune_dev.cluster.harness.LocalCluster
     k8s: Any
-    s3: Any  # sharetune.cluster.s3.LocalS3
+    s3: Any  # sharetune_dev.cluster.s3.LocalS3
     tmp: Path
     log: Callable[[str], None] = print
 
@@ -241,7 +234,7 @@ def run_fault(env: FaultEnv, fault: str, timeout_s: float = 900.0) -> FaultRow:
         if use_s3:
             row.secret_leaks = _leaks(k8s, ns, name, [*(p.log for p in sim.history), op.log], work / "result",
                                       "fault-test-secret")
-        if op.popen is None or not op.alive():
+        if not op.alive():
             row.notes += " operator process not alive at the end"
         return row
     finally:

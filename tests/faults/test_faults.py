@@ -2,7 +2,7 @@
 
 Each test runs a real 16-trial CPU TuningJob on a control plane of this module's own (so
 restarting its API server or etcd disturbs no other test), with the operator as a process and
-the pods' tuner commands run by the process kubelet (tests/faults/podsim.py), injects one fault,
+the pods' tuner commands run by the process kubelet (sharetune_dev.podsim), injects one fault,
 and checks: the job Succeeded, every record measured before the fault is in the merged result,
 no child object exists twice. The MPS row mocks the GPU (see scenarios.py / podsim.py).
 """
@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.faults]
 def fault_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultEnv]:
     from kubernetes import config
 
-    from sharetune.cluster.harness import FakeNode, LocalCluster
-    from sharetune.cluster.s3 import LocalS3
+    from sharetune_dev.cluster.harness import FakeNode, LocalCluster
+    from sharetune_dev.cluster.s3 import LocalS3
 
     cluster = LocalCluster(nodes=[FakeNode("kwok-gpu-0", gpus=1), FakeNode("kwok-cpu-0", gpus=0)]).start()
     s3 = LocalS3().start()

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def helm_cluster() -> Iterator["LocalCluster"]:
-    from sharetune.cluster.harness import FakeNode, LocalCluster
+    from sharetune_dev.cluster.harness import FakeNode, LocalCluster
 
     c = LocalCluster(nodes=[FakeNode("kwok-gpu-0", gpus=1)]).start()
     try:
@@ -32,14 +32,14 @@ def helm_cluster() -> Iterator["LocalCluster"]:
 
 
 def helm(cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
-    from sharetune.cluster import binaries
+    from sharetune_dev.cluster import binaries
 
     return subprocess.run([str(binaries.path_of("helm")), *args], capture_output=True, text=True,
                           env=cluster.env() if cluster else None, check=check, timeout=120)
 
 
 def kubectl(cluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
-    from sharetune.cluster import binaries
+    from sharetune_dev.cluster import binaries
 
     return subprocess.run([str(binaries.path_of("kubectl")), *args], input=stdin, capture_output=True, text=True,
                           env=cluster.env(), timeout=120)
@@ -59,10 +59,10 @@ def test_deploy_manifests_have_not_drifted() -> None:
 
 
 def test_dashboard_json_is_generated_from_code() -> None:
-    from sharetune.dashboard import render
+    from sharetune_dev.dashboard import render
 
     assert (CHART / "files" / "dashboard.json").read_text() == render(), \
-        "helm/sharetune/files/dashboard.json drifted: python -m sharetune.dashboard > helm/sharetune/files/dashboard.json"
+        "helm/sharetune/files/dashboard.json drifted: python -m sharetune_dev.dashboard > helm/sharetune/files/dashboard.json"
 
 
 def test_alert_rules_pass_promtool(tmp_path: Path) -> None:

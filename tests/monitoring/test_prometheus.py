@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -15,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sharetune.dashboard import PANELS
+from sharetune.procs import ProcessGroup
+from sharetune_dev.dashboard import PANELS
 
 from ..helpers import wait_for
 from ..tuner.conftest import EXAMPLE, free_port
@@ -58,11 +58,10 @@ def test_every_panel_query_returns_data(tmp_path: Path, operator, k8s) -> None: 
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [{"job_name": "sharetune", "static_configs": [{"targets": targets}]}]}))
-        prom = subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                 f"--web.listen-address=127.0.0.1:{prom_port}"],
-                                stdout=open(tmp_path / "prometheus.log", "wb"), stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        prom = ProcessGroup("prometheus", [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+                                           f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                           f"--web.listen-address=127.0.0.1:{prom_port}"],
+                            tmp_path / "prometheus.log").start()
         cpu_panels = [p for p in PANELS if not p.gpu_only]
         missing: list[str] = []
 
@@ -93,8 +92,7 @@ def test_every_panel_query_returns_data(tmp_path: Path, operator, k8s) -> None: 
         assert any(r["metric"].get("tuning_job") == "tiny-cpu" for r in throughput)
     finally:
         if prom is not None:
-            prom.terminate()
-            prom.wait(timeout=20)
+            prom.stop(grace_s=20)
         run.stop_all()
         worker.join(timeout=30)
         client.CustomObjectsApi(k8s).delete_namespaced_custom_object("sharetune.io", "v1alpha1", "default",

@@ -215,7 +215,7 @@ def test_corrupt_onnx_and_unreachable_url_fail_with_the_models_error(k8s, cluste
     """Real client processes (the process kubelet runs the pods' commands) meet the bad models."""
     from sharetune.procs import free_port
 
-    from ..faults.podsim import ProcessKubelet
+    from sharetune_dev.podsim import ProcessKubelet
     from .conftest import create_job, get_job, wait_for
 
     core = client.CoreV1Api(k8s)

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.cluster]
 
 @pytest.fixture(scope="module")
 def two_gpu_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any, Path]]:
-    from sharetune.cluster.harness import FakeNode, LocalCluster
+    from sharetune_dev.cluster.harness import FakeNode, LocalCluster
 
     from ..conftest import install_crd
 

@@ -53,7 +53,7 @@ def _can(k8s: Any, user: str, ns: str, verb: str, resource: str, group: str = ""
 
 
 def test_operator_service_account_has_exactly_what_it_uses(k8s, cluster, ns) -> None:  # type: ignore[no-untyped-def]
-    from sharetune.cluster import binaries
+    from sharetune_dev.cluster import binaries
 
     out = subprocess.run([str(binaries.path_of("helm")), "template", "st", str(CHART), "-n", ns,
                           "--show-only", "templates/rbac.yaml", "--show-only", "templates/serviceaccount.yaml"],

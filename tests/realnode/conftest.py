@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def
 
 @pytest.fixture(scope="module")
 def real() -> Iterator["RealCluster"]:
-    from sharetune.cluster.node import RealCluster, missing_host_tools
+    from sharetune_dev.cluster.node import RealCluster, missing_host_tools
 
     missing = missing_host_tools()
     if missing or os.geteuid() != 0:

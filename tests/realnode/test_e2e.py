@@ -12,8 +12,8 @@ import time
 
 import yaml
 
-from sharetune.cluster import realrun
-from sharetune.cluster.realrun import NAMESPACE, kubectl
+from sharetune_dev.cluster import realrun
+from sharetune_dev.cluster.realrun import NAMESPACE, kubectl
 
 GAP_S = 10  # between kills: long enough for the previous victim's replacement to be scheduled
 OPERATOR = "app.kubernetes.io/component=operator,app.kubernetes.io/instance=sharetune"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sharetune.procs import free_port  # noqa: F401 (re-exported for the tests)
+from sharetune.procs import ProcessGroup, free_port  # noqa: F401 (free_port: re-exported for the tests)
 
 from ..helpers import wait_for
 
@@ -22,30 +22,39 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "tiny-cpu.yaml"
 
 @dataclass
 class Spawned:
-    popen: subprocess.Popen[bytes]
-    log: Path
+    """A tuner process (a ``ProcessGroup``) whose ``stop`` sends a chosen signal to its group and
+    returns the leader's own exit status (tests assert a clean SIGTERM exit)."""
+
+    proc: ProcessGroup
+
+    @property
+    def popen(self) -> subprocess.Popen[bytes]:
+        assert self.proc.popen is not None
+        return self.proc.popen
+
+    @property
+    def log(self) -> Path:
+        return self.proc.log
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
-        if self.popen.poll() is None:
-            os.killpg(self.popen.pid, sig)
+        if self.proc.alive():
+            self.proc.kill(sig)
             try:
-                self.popen.wait(timeout)
+                self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait()
-        return self.popen.returncode
+                self.proc.kill(signal.SIGKILL)
+        rc = self.popen.returncode  # read before stop(): it reaps without recording the status
+        self.proc.stop()  # what is left of the group (an orphaned worker)
+        return rc
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
 
 
-def tuner(args: list[str], log: Path) -> Spawned:
-    out = open(log, "ab")
-    p = subprocess.Popen([sys.executable, "-m", "sharetune_tuner.cli", *args], stdout=out,
-                         stderr=subprocess.STDOUT, start_new_session=True,
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    out.close()
-    return Spawned(p, log)
+def tuner(args: list[str], log: Path, env: dict[str, str] | None = None) -> Spawned:
+    """``sharetune-tuner ARGS`` in a process group of its own; ``env`` is added to this process's."""
+    return Spawned(ProcessGroup(args[0], [sys.executable, "-m", "sharetune_tuner.cli", *args], log,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}).start())
 
 
 def registered(port: int, key: str) -> int:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,10 +20,10 @@ from tvm import te  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 from tvm.s_tir.meta_schedule.testing import te_workload  # noqa: E402
 
-from sharetune_tuner.build_service import AUTHKEY_ENV  # noqa: E402
+from sharetune_tuner.build_protocol import AUTHKEY_ENV  # noqa: E402
 from sharetune_tuner.remote_builder import RemoteBuilder  # noqa: E402
 
-from .conftest import Spawned, free_port, wait_until  # noqa: E402
+from .conftest import Spawned, free_port, tuner, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 BUDGET, PER_ITER = 8, 4
@@ -36,12 +34,8 @@ KEY = "test-build-key"
 def service(tmp_path: Path) -> Iterator[tuple[Path, int, Spawned]]:
     sock = Path(os.environ.get("TMPDIR", "/tmp")) / f"st-build-test-{os.getpid()}.sock"  # short: AF_UNIX
     port = free_port()
-    log = tmp_path / "build-service.log"
-    with open(log, "ab") as out:
-        p = subprocess.Popen([sys.executable, "-m", "sharetune_tuner.cli", "build-service", "--socket", str(sock),
-                              "--workers", "2", "--metrics-port", str(port)], stdout=out, stderr=subprocess.STDOUT,
-                             start_new_session=True, env={**os.environ, AUTHKEY_ENV: KEY, "PYTHONUNBUFFERED": "1"})
-    svc = Spawned(p, log)
+    svc = tuner(["build-service", "--socket", str(sock), "--workers", "2", "--metrics-port", str(port)],
+                tmp_path / "build-service.log", env={AUTHKEY_ENV: KEY})
     try:
         wait_until(lambda: "workers warm" in svc.text(), 60, "build service warm")
         yield sock, port, svc

@@ -18,7 +18,8 @@ from tvm.ir.utils import derived_object  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 from tvm.s_tir.meta_schedule.testing import te_workload  # noqa: E402
 
-from sharetune_tuner.client import TaskProgress, _make_cost_model_callback  # noqa: E402
+from sharetune_tuner.callbacks import CostModelUpdate  # noqa: E402
+from sharetune_tuner.client import TaskProgress  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 BUDGET, PER_ITER = 8, 4  # two measured batches
@@ -73,7 +74,7 @@ def tune(work_dir: Path, last_task: bool) -> list[int]:
                   builder=ms.builder.LocalBuilder(max_workers=2), runner=ms.runner.LocalRunner(),
                   database=ms.database.MemoryDatabase(), cost_model=model,
                   measure_callbacks=[ms.measure_callback.AddToDatabase(),
-                                     _make_cost_model_callback(task, last_task=last_task), CountDone(task)],
+                                     CostModelUpdate(task, last_task=last_task), CountDone(task)],
                   task_scheduler="round-robin")
     assert task.done == BUDGET
     return model.updates

@@ -1,21 +1,23 @@
 """The MPS control daemon does not outlive its `sharetune-tuner mps-daemon` wrapper: the wrapper
 starts it in a session of its own (to stop it cleanly with `quit`), so a SIGKILLed wrapper used to
-leave it running (found as a leftover process after a CI run). Uses the fault suite's stand-in for
-nvidia-cuda-mps-control (a MOCK: the real binary needs NVIDIA's driver; the H200 runs the real one)."""
+leave it running (found as a leftover process after a CI run). Uses the process kubelet's stand-in for
+nvidia-cuda-mps-control (sharetune_dev/fake_mps_control.py, a MOCK: the real binary needs NVIDIA's driver;
+the H200 runs the real one)."""
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
+from sharetune.procs import ProcessGroup
+from sharetune_dev import fake_mps_control
 from sharetune_tuner.mps import READY
 
 from ..helpers import wait_for
 
-FAKE = Path(__file__).parents[1] / "faults" / "fake_mps_control.py"
+FAKE = Path(fake_mps_control.__file__)
 
 
 def gone(pid: int) -> bool:
@@ -32,21 +34,17 @@ def test_a_killed_wrapper_takes_the_control_daemon_with_it(tmp_path: Path) -> No
     wrapper.chmod(0o755)
     pipe = tmp_path / "pipe"
     env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "log")}
-    with open(tmp_path / "daemon.log", "ab") as out:
-        p = subprocess.Popen([sys.executable, "-m", "sharetune_tuner.cli", "mps-daemon", "--pipe-dir", str(pipe),
-                              "--log-dir", str(tmp_path / "log"), "--control-binary", str(wrapper),
-                              "--no-gpu-check"], stdout=out, stderr=subprocess.STDOUT, env=env,
-                             start_new_session=True)
+    p = ProcessGroup("mps-daemon", [sys.executable, "-m", "sharetune_tuner.cli", "mps-daemon", "--pipe-dir", str(pipe),
+                                    "--log-dir", str(tmp_path / "log"), "--control-binary", str(wrapper),
+                                    "--no-gpu-check"], tmp_path / "daemon.log", env=env).start()
     control = 0
     try:
         wait_for("daemon ready", lambda: (pipe / READY).exists(), 30)
         control = int((pipe / "fake-control.pid").read_text())
         assert not gone(control) and os.getpgid(control) != p.pid  # its own session, as designed
-        os.killpg(p.pid, signal.SIGKILL)  # the wrapper's group only: a crash, no clean stop
-        p.wait(10)
+        p.kill(signal.SIGKILL)  # the wrapper's group only: a crash, no clean stop
         wait_for("control daemon gone with its wrapper", lambda: gone(control), 10)
     finally:
-        for pid in (p.pid, control):
-            if pid and not gone(pid):
-                os.kill(pid, signal.SIGKILL)
-        p.poll()
+        if control and not gone(control):
+            os.kill(control, signal.SIGKILL)
+        p.stop(grace_s=0)

@@ -30,11 +30,15 @@ def test_uploads_keep_the_uncommitted_batch(s3_env, tmp_path: Path) -> None:  # 
     (db / records.WORKLOADS).write_bytes(b'["123", {"mod": "m"}]\n')
     first = _line(0) + _line(1)
     (db / records.RECORDS).write_bytes(first)
+    (db / "progress.json").write_text('{"shard": 0, "done": 2}')
     sync = ShardSync(store, None, 0, db, interval_s=600.0).start()
     try:
         batch = _line(2) + _line(3)
         assert sync.write_ahead(batch)(10.0)
         assert _stored(store, tmp_path, 0) == first + batch
+        # The progress goes with every upload, next to the shard's object.
+        progress = store.s3.get_object(Bucket="sync-ahead", Key="ns/job/shard-0/progress.json")["Body"].read()
+        assert progress == b'{"shard": 0, "done": 2}'
         assert sync.sync()  # a timer upload before the commit: the batch stays in the store
         assert _stored(store, tmp_path, 1) == first + batch
         with open(db / records.RECORDS, "ab") as f:  # TVM has appended the first line of two

@@ -20,9 +20,10 @@ from tvm.s_tir import meta_schedule as ms  # noqa: E402
 from tvm.s_tir.meta_schedule.testing import te_workload  # noqa: E402
 
 from sharetune_tuner import records  # noqa: E402
+from sharetune_tuner.callbacks import CommitBatch, StoreBatch, WriteAhead  # noqa: E402
 from sharetune_tuner.store import open_store, unpack  # noqa: E402
 from sharetune_tuner.sync import ShardSync  # noqa: E402
-from sharetune_tuner.write_ahead import RecordLines, make_write_ahead_callbacks  # noqa: E402
+from sharetune_tuner.write_ahead import RecordLines  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 BUDGET, PER_ITER = 8, 4  # two measured batches
@@ -37,15 +38,15 @@ def _tune(db_dir: Path, store_ahead: Any) -> None:
                                                                                init_min_unmeasured=8),
                          task_name="matmul", num_threads=2, rand_state=1)
     stage = RecordLines(db_dir)
-    store_batch, commit = make_write_ahead_callbacks(database, stage, ctx.mod, ctx.target, store_ahead, "wa-test", "0")
+    ahead = WriteAhead(database, stage, ctx.mod, ctx.target, store_ahead, "wa-test", "0")
     try:
         ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=str(db_dir / "logs"), max_trials_global=BUDGET,
                       max_trials_per_task=BUDGET, num_trials_per_iter=PER_ITER,
                       builder=ms.builder.LocalBuilder(max_workers=2), runner=ms.runner.LocalRunner(),
                       database=database, cost_model=ms.CostModel.create("random"),
                       # As the client has them, the cost-model update in the middle.
-                      measure_callbacks=[store_batch, ms.measure_callback.RemoveBuildArtifact(),
-                                         ms.measure_callback.UpdateCostModel(), commit],
+                      measure_callbacks=[StoreBatch(ahead), ms.measure_callback.RemoveBuildArtifact(),
+                                         ms.measure_callback.UpdateCostModel(), CommitBatch(ahead)],
                       task_scheduler="round-robin")
     finally:
         stage.close()

@@ -29,22 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from . import metrics
+from .build_protocol import Item, Result, authkey
 
 log = logging.getLogger("sharetune.build")
-AUTHKEY_ENV = "SHARETUNE_BUILD_AUTHKEY"
-ARTIFACT_DIR_ENV = "SHARETUNE_BUILD_DIR"  # where built candidates go (builder.export_shared); unset: /tmp
-
-# One candidate as it travels: (IRModule, Target, serialized params or None).
-Item = tuple[Any, Any, Any]
-# One result: (artifact path, None) or (None, error message).
-Result = tuple[str | None, str | None]
-
-
-def authkey() -> bytes:
-    key = os.environ.get(AUTHKEY_ENV)
-    if not key:
-        raise RuntimeError(f"{AUTHKEY_ENV} is not set: the build service and its clients share it")
-    return key.encode()
 
 
 def _warm_up() -> int:

@@ -18,7 +18,7 @@ from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
 from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _worker_func
 from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
 
-from .build_service import ARTIFACT_DIR_ENV
+from .build_protocol import ARTIFACT_DIR_ENV
 
 
 def build_without_intrinsics(mod: Any, target: Any, _params: Any) -> Any:

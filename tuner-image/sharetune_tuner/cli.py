@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sharetune.api.spec import SpecError, TuningJobSpec, load_job
+
 from .errors import TunerError
 
 PROCESS_STARTED_AT = time.time()  # ~ the process's start: the client reports its start-up from here
@@ -142,9 +144,7 @@ def _serve(metrics_port: int, health: Any, loop: Any) -> int:
             srv.stop()
 
 
-def _load_spec(path: Path) -> Any:
-    from sharetune.api.spec import SpecError, load_job
-
+def _load_spec(path: Path) -> TuningJobSpec:
     try:
         return load_job(path)
     except (SpecError, OSError) as e:
@@ -201,19 +201,18 @@ def _client(a: argparse.Namespace) -> int:
     try:
         sync = None
         if a.store:
-            from .store import ConfigMapStore, open_store
-            from .sync import LOG, ShardSync
+            from .store import open_store
+            from sharetune.api.topology import CLIENT_LOG
+
+            from .sync import ShardSync
 
             a.work_dir.mkdir(parents=True, exist_ok=True)
-            handler = logging.FileHandler(a.work_dir / LOG)
+            handler = logging.FileHandler(a.work_dir / CLIENT_LOG)
             handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
             logging.getLogger().addHandler(handler)
 
             store = open_store(a.store)
-            sink = None
-            if a.progress:
-                p = open_store(a.progress)
-                sink = p if isinstance(p, ConfigMapStore) else None
+            sink = open_store(a.progress) if a.progress else None
             sync = ShardSync(store, sink, a.shard, a.work_dir, a.sync_interval)
             restored = sync.restore()
             if restored:
@@ -252,6 +251,8 @@ def _client(a: argparse.Namespace) -> int:
 
 
 def _merge(a: argparse.Namespace) -> int:
+    from sharetune.api.topology import CLIENT_LOG, RESULT_OBJECT, SUMMARY_FILE, shard_object
+
     from .merge import merge_and_report
 
     spec = _load_spec(a.job)
@@ -262,11 +263,11 @@ def _merge(a: argparse.Namespace) -> int:
     if a.store:
         store = open_store(a.store, a.result_configmap)
         for i in range(a.shards or spec.shards):
-            data = store.get(f"shard-{i}")
+            data = store.get(shard_object(i))
             if data is None:
                 raise TunerError(f"shard {i} has no records in {store.uri}")
-            unpack(data, a.out / "shards" / f"shard-{i}")
-            shard_dirs.append(a.out / "shards" / f"shard-{i}")
+            unpack(data, a.out / "shards" / shard_object(i))
+            shard_dirs.append(a.out / "shards" / shard_object(i))
     if not shard_dirs:
         raise TunerError("give --shard-dir per shard, or --store")
     (a.out / "logs").mkdir(parents=True, exist_ok=True)
@@ -274,15 +275,15 @@ def _merge(a: argparse.Namespace) -> int:
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     logging.getLogger().addHandler(handler)
     for i, d in enumerate(shard_dirs):  # the clients' logs travel with their records
-        if (d / "client.log").exists():
-            shutil.copyfile(d / "client.log", a.out / "logs" / f"shard-{i}.log")
+        if (d / CLIENT_LOG).exists():
+            shutil.copyfile(d / CLIENT_LOG, a.out / "logs" / f"{shard_object(i)}.log")
     summary = merge_and_report(spec, shard_dirs, a.out)
     if store is not None:
-        store.put("result", pack(a.out, ["records", "best", "summary.json", "logs"]),
-                  extra={"summary.json": json.dumps(summary)})
+        store.put(RESULT_OBJECT, pack(a.out, ["records", "best", SUMMARY_FILE, "logs"]),
+                  extra={SUMMARY_FILE: json.dumps(summary)})
     if a.progress:
         sink = open_store(a.progress, a.result_configmap)
-        sink.put_text("result", "summary.json", json.dumps(summary))  # type: ignore[union-attr]
+        sink.put_text(RESULT_OBJECT, SUMMARY_FILE, json.dumps(summary))
     print(json.dumps({k: summary[k] for k in ("records", "speedup", "latency_untuned_ms", "latency_tuned_ms")}))
     return 0
 

@@ -18,17 +18,20 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
+from sharetune.api.topology import PROGRESS_FILE
+
 from . import metrics, records
 from .builder import PooledBuilder
+from .callbacks import CommitBatch, CostModelUpdate, PhaseExport, ProgressCallback, StoreBatch, WriteAhead
 from .cpus import default_builder_workers
 from .errors import TrackerError
 from .intrinsics import ensure_registered
 from .partition import budgets, shard_of
 from .tasks import Task, extract
-from .write_ahead import RecordLines, StoreAhead, make_write_ahead_callbacks
+from .write_ahead import RecordLines, StoreAhead
 
 log = logging.getLogger("sharetune.client")
-PROGRESS = "progress.json"
+PROGRESS = PROGRESS_FILE
 
 
 @dataclass
@@ -155,83 +158,6 @@ def plan_shard(tasks: list[Task], cfg: ClientConfig) -> tuple[list[Task], dict[s
     return [t for t in tasks if t.info.key in mine], {k: v for k, v in budget.items() if k in mine}
 
 
-def _make_progress_callback(cfg: ClientConfig, progress: Progress, task: TaskProgress, path: Path) -> Any:
-    from tvm.s_tir import meta_schedule as ms
-    from tvm.ir.utils import derived_object
-
-    shard = str(cfg.shard)
-
-    @derived_object
-    class ProgressCallback(ms.measure_callback.PyMeasureCallback):
-        def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any,
-                  builder_results: Any, runner_results: Any) -> None:
-            for b, r in zip(builder_results, runner_results):
-                if b.error_msg is not None:
-                    status = "build_error"
-                elif r.error_msg is not None:
-                    status = "run_error"
-                else:
-                    status = "ok"
-                    secs = [float(x) for x in r.run_secs]
-                    mean = sum(secs) / len(secs)
-                    if task.best_s is None or mean < task.best_s:
-                        task.best_s = mean
-                        metrics.BEST_LATENCY.labels(cfg.job, shard, task.name).set(mean)
-                if status != "ok":
-                    progress.errors += 1
-                metrics.TRIALS.labels(cfg.job, shard, task.name, status).inc()
-                task.done += 1
-                progress.done += 1
-            metrics.SHARD_DONE.labels(cfg.job, shard).set(progress.done)
-            progress.startup.setdefault(
-                "first_records_s", round(time.time() - (cfg.process_started_at or progress.started_at), 2))
-            prof = ms.Profiler.current()
-            if prof is not None:
-                _export_phases(cfg, prof.get())
-            progress.write(path)
-            if cfg.on_round is not None:
-                cfg.on_round()
-
-    return ProgressCallback()
-
-
-def _make_cost_model_callback(task: TaskProgress, last_task: bool) -> Any:
-    """Stock ``UpdateCostModel``, except after the shard's final batch: nothing searches after it,
-    so training the cost model on it (xgb, ~2 s per client on the H200 machine) would only delay
-    the shard's end. Runs before the progress callback, so ``task.done`` excludes this batch."""
-    from tvm.s_tir import meta_schedule as ms
-    from tvm.ir.utils import derived_object
-
-    update = ms.measure_callback.UpdateCostModel()
-
-    @derived_object
-    class CostModelUpdate(ms.measure_callback.PyMeasureCallback):
-        def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any,
-                  builder_results: Any, runner_results: Any) -> None:
-            if last_task and task.done + len(measure_candidates) >= task.budget:
-                return
-            update.apply(task_scheduler, task_id, measure_candidates, builder_results, runner_results)
-
-    return CostModelUpdate()
-
-
-_PHASES = {"GenerateMeasureCandidates": "search", "SendToBuilder": "build", "SendToRunner": "run",
-           "JoinRunnerFutures": "run", "UpdateCostModel": "cost_model"}
-_exported: dict[str, float] = {}
-
-
-def _export_phases(cfg: ClientConfig, table: dict[str, float]) -> None:
-    """Profiler totals are cumulative: export their growth into per-phase counters."""
-    for name, secs in table.items():
-        phase = next((p for k, p in _PHASES.items() if k in name), None)
-        if phase is None:
-            continue
-        delta = float(secs) - _exported.get(name, 0.0)
-        if delta > 0:
-            metrics.PHASE_SECONDS.labels(cfg.job, str(cfg.shard), phase).inc(delta)
-            _exported[name] = float(secs)
-
-
 def search_strategy(cfg: ClientConfig) -> Any:
     """Evolutionary search sized to the batch: a round's cost grows with the population, not the
     batch, so the stock population (512) over a small batch makes search dominate a trial.
@@ -323,21 +249,23 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
         if cfg.store_ahead is not None:
             stage = RecordLines(cfg.work_dir)
             cleanup.callback(stage.close)
+        phases = PhaseExport(cfg.job, cfg.shard)  # the profiler's totals span all the tasks
         for i, (task, tp) in enumerate(todo):
             remaining = tp.budget - tp.done
             ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
                 [task.extracted], work_dir=str(cfg.work_dir / "logs"), strategy=search_strategy(cfg),
                 num_threads=cores, seed=cfg.seed * 1000 + cfg.shard * 100 + i + tp.done)
-            cost_model_update = _make_cost_model_callback(tp, last_task=i == len(todo) - 1)
+            cost_model_update = CostModelUpdate(tp, last_task=i == len(todo) - 1)
             if stage is not None and cfg.store_ahead is not None:
                 # The upload runs while the cost model trains (write_ahead.py).
-                store_batch, commit = make_write_ahead_callbacks(database, stage, ctxs[0].mod, ctxs[0].target,
-                                                                 cfg.store_ahead, cfg.job, str(cfg.shard))
-                callbacks = [store_batch, ms.measure_callback.RemoveBuildArtifact(), cost_model_update, commit]
+                ahead = WriteAhead(database, stage, ctxs[0].mod, ctxs[0].target, cfg.store_ahead, cfg.job,
+                                   str(cfg.shard))
+                callbacks = [StoreBatch(ahead), ms.measure_callback.RemoveBuildArtifact(), cost_model_update,
+                             CommitBatch(ahead)]
             else:
                 callbacks = [ms.measure_callback.AddToDatabase(), ms.measure_callback.RemoveBuildArtifact(),
                              cost_model_update]
-            callbacks.append(_make_progress_callback(cfg, progress, tp, progress_path))
+            callbacks.append(ProgressCallback(cfg, progress, tp, progress_path, phases))
             ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=str(cfg.work_dir / "logs"),
                           max_trials_global=remaining, max_trials_per_task=remaining,
                           num_trials_per_iter=min(cfg.trials_per_iter, remaining),

@@ -25,7 +25,7 @@ from sharetune.api.spec import TuningJobSpec
 from sharetune.api.topology import PROGRESS_FILE, SUMMARY_FILE, gpu_groups, in_group
 from sharetune.procs import ProcessGroup, free_port
 
-from .build_service import ARTIFACT_DIR_ENV, AUTHKEY_ENV
+from .build_protocol import ARTIFACT_DIR_ENV, AUTHKEY_ENV
 from .mps import READY
 
 
@@ -168,7 +168,7 @@ class LocalRun:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def metrics_targets(self) -> list[str]:
-        return [f"127.0.0.1:{self.metrics_ports[p.name]}" for p in self.procs if p.alive()]
+        return [f"127.0.0.1:{self.metrics_ports[p.name]}" for p in self.procs if p.alive() and p.name in self.metrics_ports]
 
     # ---- progress ----------------------------------------------------------------------------
     def progress(self) -> list[dict[str, Any]]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -104,8 +103,3 @@ def _print_summary(console: Console, s: dict[str, Any], workdir: Path) -> None:
     console.print(f"records: {workdir}/result/records (all), {workdir}/result/best (best per task); "
                   f"summary: {workdir}/result/summary.json")
 
-
-if __name__ == "__main__":
-    from sharetune.cli import main
-
-    sys.exit(main())

@@ -16,6 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from sharetune.api.spec import TuningJobSpec
+from sharetune.api.topology import SUMMARY_FILE
+
 from . import records
 from .errors import TunerError
 from .model import LoadedModel, load_for_spec
@@ -70,7 +73,7 @@ def outputs_match(reference: np.ndarray, tuned: np.ndarray) -> tuple[bool, float
     return err < 1e-3, err
 
 
-def merge_and_report(spec: Any, shard_dirs: list[Path], out: Path) -> dict[str, Any]:
+def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> dict[str, Any]:
     t0 = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     counts = records.merge(shard_dirs, out / "records", out / "best")
@@ -112,7 +115,7 @@ def merge_and_report(spec: Any, shard_dirs: list[Path], out: Path) -> dict[str, 
 
     summary.update(serving_report(spec.target, spec.uses_mps, tuned, [x, *[p.numpy() for p in model.params]],
                                   out / "serving"))
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
     log.info("merged %d records; %.3f ms -> %.3f ms (%.2fx)", summary["records"],
              summary["latency_untuned_ms"], summary["latency_tuned_ms"], summary["speedup"])
     return summary

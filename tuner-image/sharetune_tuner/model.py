@@ -12,6 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from sharetune.api.spec import ModelSpec
+from sharetune.api.topology import MODEL_DIR, MODEL_DIR_ENV, MODEL_FILE
+
 from .errors import ModelError
 from .zoo import ZOO
 
@@ -30,9 +33,6 @@ class LoadedModel:
 
     def sample_input(self, seed: int = 0) -> np.ndarray:
         return np.random.default_rng(seed).standard_normal(self.input_shape).astype(np.float32)
-
-
-MODEL_DIR = "/model"  # where pods find a mounted ConfigMap/PVC model
 
 
 def fetch_url(url: str, cache_dir: Path) -> Path:
@@ -122,20 +122,21 @@ def _to_relax(label: str, proto: Any, input_name: str, shape: tuple[int, ...]) -
     return LoadedModel(label, tuple(shape), input_name, mod, list(params.get("main", [])))
 
 
-def load_for_spec(spec: Any, cache_dir: Path | None = None) -> LoadedModel:
-    """From a :class:`sharetune.api.spec.ModelSpec`."""
+def load_for_spec(spec: ModelSpec, cache_dir: Path | None = None) -> LoadedModel:
+    """The model a job's ``spec.model`` names."""
     if spec.name is not None:
         return load(name=spec.name, input_shape=spec.input_shape)
     src = spec.onnx
+    assert src is not None  # the spec parser: exactly one of name or onnx
     if src.url:
         return load(url=src.url, input_shape=spec.input_shape, cache_dir=cache_dir)
     if src.path:
         return load(onnx_path=src.path, input_shape=spec.input_shape)
     # A ConfigMap or PVC source: the operator mounts it at SHARETUNE_MODEL_DIR in the client and
     # merge pods (the ConfigMap's key as model.onnx, the PVC as a whole).
-    root = Path(os.environ.get("SHARETUNE_MODEL_DIR", MODEL_DIR))
+    root = Path(os.environ.get(MODEL_DIR_ENV, MODEL_DIR))
     if src.config_map:
-        path, where = root / "model.onnx", f"ConfigMap {src.config_map} key {src.config_map_key}"
+        path, where = root / MODEL_FILE, f"ConfigMap {src.config_map} key {src.config_map_key}"
     else:
         path, where = root / str(src.pvc_path or "").lstrip("/"), f"PVC {src.pvc} path {src.pvc_path}"
     if not path.is_file():

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-WORKLOADS = "database_workload.json"
-RECORDS = "database_tuning_record.json"
+from sharetune.api.topology import RECORDS_FILE as RECORDS
+from sharetune.api.topology import WORKLOADS_FILE as WORKLOADS
 
 
 def _complete_lines(path: Path) -> tuple[list[Any], int]:

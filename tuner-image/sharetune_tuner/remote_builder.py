@@ -12,7 +12,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
 from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params
 
-from .build_service import Item, Result, authkey
+from .build_protocol import Item, Result, authkey
 from .builder import PooledBuilder
 
 log = logging.getLogger("sharetune.build")

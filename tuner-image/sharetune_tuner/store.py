@@ -4,8 +4,12 @@ URIs: ``configmap://<namespace>/<job>`` or ``s3://<bucket>/<prefix...>`` (creden
 environment: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, endpoint from SHARETUNE_S3_ENDPOINT).
 
 Objects: ``shard-<i>`` (a shard's database as tar.gz) and ``result`` (merged records, best records
-and summary). In ConfigMaps they are gzip'd binaryData; anything that would pass the API server's
-1 MiB object limit raises :class:`OutputTooLarge` instead of being truncated.
+and summary), each with small text files next to it (``progress.json``, ``summary.json``). In
+ConfigMaps they are gzip'd binaryData and the text files its data keys; in S3 objects
+``<prefix>/<name>.tar.gz`` and ``<prefix>/<name>/<key>``. Anything that would pass the API
+server's 1 MiB object limit raises :class:`OutputTooLarge` instead of being truncated.
+
+Both stores implement :class:`Store` in full: callers never ask which one they have.
 """
 
 from __future__ import annotations
@@ -18,26 +22,48 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from sharetune.api.exitcodes import ExitCode
+from sharetune.api.topology import object_configmap, s3_extra_key, s3_object_key
+
 from .errors import TunerError
 
 CONFIGMAP_LIMIT = 1024 * 1024
 _CM_HEADROOM = 16 * 1024  # metadata, keys and progress JSON share the object with the payload
 
 
-class OutputTooLarge(TunerError):
-    exit_code = 7
+class StoreFailure(TunerError):
+    """The store did not take or give an object: one of the two below."""
 
 
-class StoreError(TunerError):
-    exit_code = 8
+class OutputTooLarge(StoreFailure):
+    """Permanent: the object will never fit (a ConfigMap's 1 MiB); no retry helps."""
+
+    exit_code = ExitCode.OUTPUT_TOO_LARGE
+
+
+class StoreError(StoreFailure):
+    """The store cannot be reached or refuses (down, restarting, denied); a later try may work."""
+
+    exit_code = ExitCode.STORE
 
 
 class Store(Protocol):
+    """Where a job's objects live (``open_store``). Each object is a blob plus small text files
+    next to it; the writes raise :class:`OutputTooLarge` or :class:`StoreError`."""
+
     uri: str
 
-    def put(self, name: str, data: bytes) -> None: ...
+    def put(self, name: str, data: bytes, extra: dict[str, str] | None = None) -> None:
+        """Stores ``data`` as object ``name``, and each ``extra`` text file next to it."""
+        ...
 
-    def get(self, name: str) -> bytes | None: ...
+    def get(self, name: str) -> bytes | None:
+        """Object ``name``'s data, None if there is none."""
+        ...
+
+    def put_text(self, name: str, key: str, text: str) -> None:
+        """Stores one text file next to object ``name`` (which may not exist), leaving its data."""
+        ...
 
 
 def pack(directory: Path, names: list[str] | None = None) -> bytes:
@@ -110,7 +136,7 @@ class ConfigMapStore:
         return self._core
 
     def configmap(self, name: str) -> str:
-        return self.result_name if name == "result" else f"{self.job}-{name}"
+        return object_configmap(self.job, name, self.result_name)
 
     def put(self, name: str, data: bytes, extra: dict[str, str] | None = None) -> None:
         encoded = base64.b64encode(data).decode()
@@ -163,17 +189,27 @@ class S3Store:
                                              connect_timeout=5, read_timeout=30))
 
     def key(self, name: str) -> str:
-        return f"{self.prefix}/{name}.tar.gz" if self.prefix else f"{name}.tar.gz"
+        return s3_object_key(self.prefix, name)
 
-    def put(self, name: str, data: bytes, extra: dict[str, str] | None = None) -> None:
+    def text_key(self, name: str, key: str) -> str:
+        """Where a text file next to object ``name`` lives: ``<prefix>/<name>/<key>``."""
+        return s3_extra_key(self.prefix, name, key)
+
+    def _put(self, key: str, body: bytes) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            self.s3.put_object(Bucket=self.bucket, Key=self.key(name), Body=data)
-            for k, v in (extra or {}).items():
-                self.s3.put_object(Bucket=self.bucket, Key=f"{self.prefix}/{name}/{k}", Body=v.encode())
+            self.s3.put_object(Bucket=self.bucket, Key=key, Body=body)
         except (BotoCoreError, ClientError) as e:
-            raise StoreError(f"cannot write s3://{self.bucket}/{self.key(name)}: {e}") from None
+            raise StoreError(f"cannot write s3://{self.bucket}/{key}: {e}") from None
+
+    def put(self, name: str, data: bytes, extra: dict[str, str] | None = None) -> None:
+        self._put(self.key(name), data)
+        for k, v in (extra or {}).items():
+            self._put(self.text_key(name, k), v.encode())
+
+    def put_text(self, name: str, key: str, text: str) -> None:
+        self._put(self.text_key(name, key), text.encode())
 
     def get(self, name: str) -> bytes | None:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -188,7 +224,7 @@ class S3Store:
             raise StoreError(f"cannot read s3://{self.bucket}/{self.key(name)}: {e}") from None
 
 
-def open_store(uri: str, result_name: str | None = None) -> ConfigMapStore | S3Store:
+def open_store(uri: str, result_name: str | None = None) -> Store:
     scheme, _, rest = uri.partition("://")
     if scheme == "configmap":
         ns, _, job = rest.partition("/")

@@ -3,7 +3,8 @@
 The local database is the working copy. Each measured batch is stored before the database
 commits it (``write_ahead``: the store never lags what a killed pod's database held); after
 every search round (``poke``), every ``interval_s`` and at exit the shard is packed and put into
-the store, and the progress JSON into the shard's ConfigMap, where the operator reads it.
+the store with its progress JSON next to it, and the progress also into the progress sink when
+there is one (an S3 job's shard ConfigMap, where the operator reads it).
 A failed upload (store down) keeps the records on disk and is retried on the next tick: trials
 are never lost, only reported later. A restarted client pod restores its shard from the store
 before tuning, then resumes from those records.
@@ -19,21 +20,26 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sharetune.api.topology import CLIENT_LOG as LOG
+from sharetune.api.topology import PROGRESS_FILE as PROGRESS
+from sharetune.api.topology import shard_object
+
 from . import records
-from .client import PROGRESS
-from .store import ConfigMapStore, S3Store, TunerError, pack_bytes, unpack
+from .errors import TunerError
+from .store import OutputTooLarge, Store, StoreError, StoreFailure, pack_bytes, unpack
 
 log = logging.getLogger("sharetune.sync")
-LOG = "client.log"  # the client's own log, stored with its records (pod logs outlive the pod)
 FILES = [records.WORKLOADS, records.RECORDS, PROGRESS, LOG]
 
 
 class ShardSync:
-    def __init__(self, store: ConfigMapStore | S3Store, progress: ConfigMapStore | None, shard: int,
-                 work_dir: Path, interval_s: float = 10.0) -> None:
+    def __init__(self, store: Store, progress: Store | None, shard: int, work_dir: Path,
+                 interval_s: float = 10.0) -> None:
+        """``store`` holds the shard (and its progress, next to it); ``progress``, if given, gets
+        the progress too (and a failure's report instead of ``store``)."""
         self.store, self.progress, self.shard = store, progress, shard
         self.work_dir, self.interval_s = work_dir, interval_s
-        self.name = f"shard-{shard}"
+        self.name = shard_object(shard)
         self._last: str | None = None
         self._stop = threading.Event()
         self._poked = threading.Event()
@@ -92,15 +98,12 @@ class ShardSync:
         progress_text = files.get(PROGRESS, b"{}").decode(errors="replace")
         data = pack_bytes(files)
         try:
-            if isinstance(self.store, ConfigMapStore):
-                self.store.put(self.name, data, extra={"progress.json": progress_text})
-            else:
-                self.store.put(self.name, data)
-                if self.progress is not None:
-                    self.progress.put_text(self.name, "progress.json", progress_text)
-        except TunerError as e:
-            if type(e).__name__ == "OutputTooLarge":
-                raise
+            self.store.put(self.name, data, extra={PROGRESS: progress_text})
+            if self.progress is not None:
+                self.progress.put_text(self.name, PROGRESS, progress_text)
+        except OutputTooLarge:
+            raise  # permanent: no retry makes the shard fit (the client fails with its exit code)
+        except StoreError as e:
             self.failures += 1
             self._failing = True
             log.warning("upload of %s failed (%s); the records stay on disk and are retried", self.name, e)
@@ -169,12 +172,11 @@ class ShardSync:
             progress = {"shard": self.shard}
         progress.update(state="failed", message=message)
         text = json.dumps(progress)
-        sink = self.store if isinstance(self.store, ConfigMapStore) else self.progress
-        if sink is not None:
-            try:
-                sink.put_text(self.name, "progress.json", text)
-            except TunerError as e:
-                log.error("could not report the failure: %s", e)
+        sink = self.progress if self.progress is not None else self.store
+        try:
+            sink.put_text(self.name, PROGRESS, text)
+        except StoreFailure as e:
+            log.error("could not report the failure: %s", e)
 
     def stop(self, deadline_s: float = 300.0) -> None:
         """Final upload, retried until ``deadline_s``: the client only exits 0 once stored."""

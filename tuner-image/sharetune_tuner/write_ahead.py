@@ -11,20 +11,18 @@ replacement pod a re-measure of that batch (``trials_redone``), never a record.
 The lines must be byte-identical to what TVM will append (so the next plain upload sees nothing
 new), and each carries the index of its workload's line, which JSONDatabase does not expose. A
 scratch JSONDatabase loaded from a copy of the workload file writes exactly those lines.
+
+The measure callbacks that use these (``StoreBatch``, ``CommitBatch``) are in callbacks.py.
 """
 
 from __future__ import annotations
 
-import logging
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import metrics, records
-
-log = logging.getLogger("sharetune.write_ahead")
+from . import records
 
 STAGE = "write-ahead"  # the scratch database's directory, in the shard's work dir
 
@@ -80,42 +78,3 @@ def tuning_records(database: Any, mod: Any, target: Any, candidates: Any, runner
         out.append(ms.database.TuningRecord(trace=cand.sch.trace, workload=workload, run_secs=secs,
                                             target=target, args_info=cand.args_info))
     return out
-
-
-def make_write_ahead_callbacks(database: Any, stage: RecordLines, mod: Any, target: Any,
-                               store_ahead: StoreAhead, job: str = "", shard: str = "") -> tuple[Any, Any]:
-    """Stock ``AddToDatabase`` for one task's ``tune_tasks`` (``mod``, ``target``) as two measure
-    callbacks: the first makes the batch's records and starts storing them, the second waits for
-    the store and commits them. Put the cost-model update between the two: the upload (~50 ms per
-    1,000 records held, to a local S3) then runs while the cost model trains, and the commit
-    still comes before the next search reads the database. ``stage`` makes the lines for
-    ``database``'s directory; ``job``/``shard`` label the wait in ``sharetune_write_ahead_seconds``."""
-    from tvm.ir.utils import derived_object
-    from tvm.s_tir import meta_schedule as ms
-
-    pending: list[tuple[list[Any], Callable[[], bool]]] = []
-
-    @derived_object
-    class StoreBatch(ms.measure_callback.PyMeasureCallback):
-        def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any,
-                  builder_results: Any, runner_results: Any) -> None:
-            batch = tuning_records(database, mod, target, measure_candidates, runner_results)
-            pending.append((batch, store_ahead(stage.lines(batch))))
-
-    @derived_object
-    class CommitBatch(ms.measure_callback.PyMeasureCallback):
-        def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any,
-                  builder_results: Any, runner_results: Any) -> None:
-            batch, wait = pending.pop()
-            t = time.monotonic()
-            stored = wait()
-            metrics.WRITE_AHEAD_SECONDS.labels(job, shard, "stored" if stored else "not_stored").observe(
-                time.monotonic() - t)
-            if not stored:
-                # Store unreachable: tuning goes on; these records are safe once the store is back
-                # (the sync thread retries), unless the pod dies first.
-                log.warning("batch of %d records committed before it was stored", len(batch))
-            for rec in batch:
-                database.commit_tuning_record(rec)
-
-    return StoreBatch(), CommitBatch()

@@ -1,4 +1,7 @@
-"""`sharetune cluster up|down|binaries`: the local control plane from the command line."""
+"""`sharetune cluster up|down|binaries`: the local control plane from the command line.
+
+The product's `sharetune` command finds ``add_parser`` through this distribution's
+``sharetune.commands`` entry point (devtools/pyproject.toml); it never imports this package."""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ process group of its own so teardown (by PID, never by name) also takes its chil
 server runs with real TLS, service-account signing keys and RBAC; kwok simulates nodes, among them
 GPU nodes that advertise ``nvidia.com/gpu``.
 
-Used by the pytest fixture (``tests/conftest.py``), the quickstart and ``sharetune cluster up/down``.
+Used by the pytest fixture (``tests/conftest.py``), the benchmarks and ``sharetune cluster up/down``
+(the developer tooling, ``sharetune_dev``; not part of the product).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import json
 import os
 import shutil
 import ssl
-import subprocess
 import tempfile
 import time
 import urllib.error
@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..procs import free_port, kill_group, pid_alive, stop_group
+from sharetune.procs import ProcessGroup, free_port, stop_all, stop_group
+
 from . import binaries
 from .pki import ClusterPKI, generate
 
@@ -65,41 +66,9 @@ class FakeNode:
         }
 
 
-@dataclass
-class Process:
-    name: str
-    argv: list[str]
-    log: Path
-    popen: subprocess.Popen[bytes] | None = None
-    pid: int | None = None
-
-    def start(self, env: dict[str, str] | None = None) -> None:
-        with open(self.log, "ab") as out:
-            # A session of its own = a process group of its own: killpg reaches its children.
-            self.popen = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True, env=env)
-        self.pid = self.popen.pid
-
-    def alive(self) -> bool:
-        if self.popen is not None:
-            return self.popen.poll() is None
-        return self.pid is not None and pid_alive(self.pid)
-
-    def tail(self, lines: int = 25) -> str:
-        try:
-            text = self.log.read_text(errors="replace").splitlines()
-        except FileNotFoundError:
-            return "(no log)"
-        return "\n".join(text[-lines:])
-
-
-def failure_report(processes: list[Process], lines: int = 25) -> str:
+def failure_report(processes: list[ProcessGroup], lines: int = 25) -> str:
     """Each component's state and log tail: what a failed start or test shows."""
-    parts = []
-    for p in processes:
-        state = "running" if p.alive() else f"exited ({p.popen.returncode if p.popen else '?'})"
-        parts.append(f"----- {p.name} [{state}] {p.log} -----\n{p.tail(lines)}")
-    return "\n".join(parts)
+    return "\n".join(f"----- {p.name} [{p.state()}] {p.log} -----\n{p.tail(lines)}" for p in processes)
 
 
 def _kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, user: str) -> None:
@@ -120,13 +89,13 @@ class LocalCluster:
     def __init__(self, workdir: Path | None = None, nodes: list[FakeNode] | None = None,
                  keep_workdir: bool = False, advertise_address: str | None = None) -> None:
         self._own_workdir = workdir is None
-        # Real node only (cluster/node.py): pods reach the API server through the `kubernetes`
+        # Real node only (node.py): pods reach the API server through the `kubernetes`
         # Service, so it listens on every address and advertises this (non-loopback) one.
         self.advertise_address = advertise_address
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="sharetune-cluster-"))
         self.keep_workdir = keep_workdir
         self.nodes = nodes if nodes is not None else [FakeNode("kwok-gpu-0", gpus=1)]
-        self.processes: list[Process] = []
+        self.processes: list[ProcessGroup] = []  # each in a process group of its own
         self.ports: dict[str, int] = {}
         self.pki: ClusterPKI | None = None
         self.startup_s: float | None = None
@@ -177,9 +146,7 @@ class LocalCluster:
         return self
 
     def stop(self) -> None:
-        for p in reversed(self.processes):
-            if p.pid is not None:
-                stop_group(p.pid)
+        stop_all(self.processes)
         self.processes.clear()
         if self._own_workdir and not self.keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -190,8 +157,7 @@ class LocalCluster:
         API server answers /readyz again. Returns the seconds from the kill to ready (fault tests)."""
         proc = next(p for p in self.processes if p.name == name)
         t0 = time.monotonic()
-        if proc.pid is not None:
-            kill_group(proc.pid)
+        proc.kill()
         time.sleep(down_s)
         proc.start()
 
@@ -233,14 +199,13 @@ class LocalCluster:
                 return e.code, {"message": raw.decode(errors="replace")}
 
     # ---- components --------------------------------------------------------------------------
-    def _spawn(self, name: str, argv: list[str]) -> Process:
-        p = Process(name, argv, self.logs / f"{name}.log")
-        p.start()
+    def _spawn(self, name: str, argv: list[str]) -> ProcessGroup:
+        p = ProcessGroup(name, argv, self.logs / f"{name}.log").start()
         self.processes.append(p)
         return p
 
     def _wait(self, what: str, check: Callable[[], bool], deadline: float,
-              procs: list[Process]) -> None:
+              procs: list[ProcessGroup]) -> None:
         while time.monotonic() < deadline:
             for p in procs:
                 if not p.alive():

@@ -48,9 +48,10 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from ..procs import free_port, stop_group
+from sharetune.procs import ProcessGroup, free_port
+
 from . import binaries
-from .harness import ClusterError, LocalCluster, Process, _kubeconfig, failure_report
+from .harness import ClusterError, LocalCluster, _kubeconfig, failure_report
 from .pki import _issue, _name, _write_cert, _write_key
 
 PAUSE_IMAGE = f"localhost/sharetune-pause:{binaries.PAUSE_VERSION}"
@@ -200,7 +201,7 @@ class RealNode:
         self.name = name
         self.images = list(images) if images is not None else default_image_archives()
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="stn-"))  # short: unix socket paths
-        self.processes: list[Process] = []
+        self.processes: list[ProcessGroup] = []  # each in a process group of its own
         self.ports: dict[str, int] = {}
         self.node_ip = host_ip()
         self.index: int | None = None
@@ -269,8 +270,8 @@ class RealNode:
     def stop(self) -> None:
         by_name = {p.name: p for p in self.processes}
         for n in ("kube-proxy", "kubelet"):
-            if n in by_name and by_name[n].pid:
-                stop_group(by_name[n].pid)  # type: ignore[arg-type]
+            if n in by_name:
+                by_name[n].stop()
         if "containerd" in by_name and by_name["containerd"].alive():
             # Every pod sandbox: stop (CNI DEL: veth, IP, portmap/masquerade rules) and remove.
             _sh(str(binaries.path_of("crictl")), f"--runtime-endpoint=unix://{self.sock}",
@@ -280,8 +281,8 @@ class RealNode:
         if "kubelet" in by_name:
             remove_kubelet_chains()
         for p in reversed(self.processes):
-            if p.name not in ("kube-proxy", "kubelet") and p.pid is not None:
-                stop_group(p.pid)
+            if p.name not in ("kube-proxy", "kubelet"):
+                p.stop()
         self._kill_own_shims()
         self.processes.clear()
         self._umount_below(self.workdir)
@@ -509,13 +510,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 """)
 
     # ---- components ----------------------------------------------------------------------------
-    def _spawn(self, name: str, argv: list[str]) -> Process:
-        p = Process(name, argv, self.logs / f"{name}.log")
-        p.start()
+    def _spawn(self, name: str, argv: list[str]) -> ProcessGroup:
+        p = ProcessGroup(name, argv, self.logs / f"{name}.log").start()
         self.processes.append(p)
         return p
 
-    def _wait(self, what: str, check: Callable[[], bool], deadline: float, procs: list[Process]) -> None:
+    def _wait(self, what: str, check: Callable[[], bool], deadline: float, procs: list[ProcessGroup]) -> None:
         while time.monotonic() < deadline:
             for p in procs:
                 if not p.alive():
@@ -608,7 +608,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
 class RealCluster:
     """A ``LocalCluster`` (API server advertised on the host address, no kwok nodes) plus a
-    ``RealNode``: what ``sharetune cluster up --real-node`` and the real-node tests run."""
+    ``RealNode``: what ``python -m sharetune_dev.cluster.realrun`` and the real-node tests run."""
 
     def __init__(self, images: list[Path] | None = None, workdir: Path | None = None,
                  keep_workdir: bool = False, image_store: Path | None | bool = True) -> None:
@@ -652,43 +652,3 @@ class RealCluster:
     def kubeconfig(self) -> Path:
         return self.cluster.kubeconfig
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m sharetune.cluster.node``: a real local cluster in the foreground (root) until
-    Ctrl-C/SIGTERM, then everything is stopped and the host state given back."""
-    import argparse
-    import signal
-    import sys
-
-    p = argparse.ArgumentParser(prog="python -m sharetune.cluster.node", description=main.__doc__)
-    p.add_argument("--install", action="store_true",
-                   help="also helm install the chart (operator as a pod, images never pulled)")
-    a = p.parse_args(argv)
-    stop = {"now": False}
-
-    def on_signal(*_: object) -> None:
-        stop["now"] = True
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        rc = RealCluster().start()
-    except ClusterError as e:
-        print(f"real cluster failed to start:\n{e}", file=sys.stderr)
-        return 1
-    try:
-        print(f"real node {rc.node.name if rc.node else ''} ready in {rc.timings['setup_s']:.1f}s "
-              f"(images {rc.timings.get('images_s', 0):.1f}s)", flush=True)
-        if a.install:
-            from . import realrun
-            print(f"chart installed in {realrun.helm_install(rc):.1f}s (namespace {realrun.NAMESPACE})", flush=True)
-        print(f"export KUBECONFIG={rc.kubeconfig}\nCtrl-C stops it.", flush=True)
-        while not stop["now"]:
-            time.sleep(0.5)
-    finally:
-        rc.stop()
-        print("stopped", flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

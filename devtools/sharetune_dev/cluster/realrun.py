@@ -1,18 +1,23 @@
 """The end-to-end run on a real node: ``helm install`` the chart (the operator as a real pod),
-``kubectl apply`` a TuningJob, wait for it. Shared by ``tests/realnode`` and ``bench/real_node.py``."""
+``kubectl apply`` a TuningJob, wait for it. Shared by ``tests/realnode`` and ``bench/real_node.py``.
+
+    python -m sharetune_dev.cluster.realrun [--install]   # a real local cluster in the foreground (root)
+"""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from . import binaries
+from .harness import ClusterError
 from .node import RealCluster
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[3]  # devtools/sharetune_dev/cluster/ -> the repository
 CHART = ROOT / "helm" / "sharetune"
 EXAMPLE = ROOT / "examples" / "tiny-cpu.yaml"
 NAMESPACE = "sharetune-system"
@@ -80,3 +85,42 @@ def diagnostics(rc: RealCluster, namespace: str = NAMESPACE) -> str:
                        check=False)
         out.append(f"--- {p['metadata']['name']} ---\n{logs.stdout}{logs.stderr}")
     return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sharetune_dev.cluster.realrun``: a real local cluster in the foreground (root) until
+    Ctrl-C/SIGTERM, then everything is stopped and the host state given back."""
+    import argparse
+    import signal
+
+    p = argparse.ArgumentParser(prog="python -m sharetune_dev.cluster.realrun", description=main.__doc__)
+    p.add_argument("--install", action="store_true",
+                   help="also helm install the chart (operator as a pod, images never pulled)")
+    a = p.parse_args(argv)
+    stop = {"now": False}
+
+    def on_signal(*_: object) -> None:
+        stop["now"] = True
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        rc = RealCluster().start()
+    except ClusterError as e:
+        print(f"real cluster failed to start:\n{e}", file=sys.stderr)
+        return 1
+    try:
+        print(f"real node {rc.node.name if rc.node else ''} ready in {rc.timings['setup_s']:.1f}s "
+              f"(images {rc.timings.get('images_s', 0):.1f}s)", flush=True)
+        if a.install:
+            print(f"chart installed in {helm_install(rc):.1f}s (namespace {NAMESPACE})", flush=True)
+        print(f"export KUBECONFIG={rc.kubeconfig}\nCtrl-C stops it.", flush=True)
+        while not stop["now"]:
+            time.sleep(0.5)
+    finally:
+        rc.stop()
+        print("stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

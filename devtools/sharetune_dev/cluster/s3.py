@@ -8,8 +8,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from sharetune.procs import ProcessGroup, free_port
+
 from . import binaries
-from .harness import Process, free_port, stop_group
 
 
 class LocalS3:
@@ -17,7 +18,7 @@ class LocalS3:
         self._own_dir = data_dir is None  # a temporary one: removed by close()
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="sharetune-s3-"))
         self.port = port or free_port()
-        self.proc: Process | None = None
+        self.proc: ProcessGroup | None = None
 
     @property
     def endpoint(self) -> str:
@@ -25,9 +26,8 @@ class LocalS3:
 
     def start(self, timeout_s: float = 20.0) -> "LocalS3":
         binaries.ensure(["s3-server"])
-        self.proc = Process("s3-server", [str(binaries.path_of("s3-server")), "-addr", f"127.0.0.1:{self.port}",
-                                          "-dir", str(self.data_dir / "data")], self.data_dir / "s3.log")
-        self.proc.start()
+        self.proc = ProcessGroup("s3-server", [str(binaries.path_of("s3-server")), "-addr", f"127.0.0.1:{self.port}",
+                                               "-dir", str(self.data_dir / "data")], self.data_dir / "s3.log").start()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with socket.socket() as s:
@@ -39,8 +39,8 @@ class LocalS3:
         raise RuntimeError("s3 server did not listen in time")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.pid is not None:
-            stop_group(self.proc.pid)
+        if self.proc is not None:
+            self.proc.stop()
             self.proc = None
 
     def close(self) -> None:

@@ -19,6 +19,7 @@ JOB_MANIFEST = "/etc/sharetune/job.yaml"  # the spec ConfigMap, mounted read-onl
 POD_WORK_DIR = "/work"  # an emptyDir: the client's shard database, the merge's output
 MODEL_DIR = "/model"  # an ONNX model from a ConfigMap or PVC, mounted read-only
 MODEL_DIR_ENV = "SHARETUNE_MODEL_DIR"
+MODEL_FILE = "model.onnx"  # a ConfigMap-sourced model's file name in MODEL_DIR
 MPS_HOST_ROOT = "/run/sharetune/mps"  # per-job pipe/log directories on the GPU node
 
 # ---- a shard's files (the client's work dir; what the store keeps of a shard) ------------------

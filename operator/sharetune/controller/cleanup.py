@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import logging
 
+import boto3  # in the operator's own install (sharetune[operator]): tests/operator/test_operator_install.py
 from kubernetes import client
 
 from ..api.spec import S3Output
@@ -15,9 +16,7 @@ log = logging.getLogger("sharetune.operator")
 
 def delete_s3_objects(api: client.ApiClient, namespace: str, job: str, s3: S3Output) -> int:
     """Deletes every object under the job's prefix, with the credentials of the job's own Secret;
-    returns how many. boto3 is part of the operator's install (``sharetune[operator]``)."""
-    import boto3
-
+    returns how many."""
     secret = client.CoreV1Api(api).read_namespaced_secret(s3.secret_name, namespace)
     data = secret.data or {}
     bucket = boto3.client("s3", endpoint_url=s3.endpoint or None, region_name=s3.region,

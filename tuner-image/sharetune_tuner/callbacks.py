@@ -1,0 +1,166 @@
+"""The client's MetaSchedule measure callbacks, as module-level classes with constructor state
+(like ``builder.PooledBuilder``): ``@derived_object`` builds the Python instance from the
+constructor's arguments, and MetaSchedule calls its ``apply`` after each measured batch.
+
+  ProgressCallback   counts a task's trials, its best latency and the phases into progress + /metrics
+  CostModelUpdate    stock ``UpdateCostModel``, except after the shard's very last batch
+  StoreBatch, CommitBatch   stock ``AddToDatabase`` split around the cost-model update, storing
+                     each batch before the database commits it (write_ahead.py); they share a
+                     ``WriteAhead``
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+from . import metrics
+from .write_ahead import RecordLines, StoreAhead, tuning_records
+
+if TYPE_CHECKING:  # client.py imports this module
+    from .client import ClientConfig, Progress, TaskProgress
+
+log = logging.getLogger("sharetune.write_ahead")
+
+# MetaSchedule profiler scopes -> the phases of sharetune_phase_seconds.
+PHASES = {"GenerateMeasureCandidates": "search", "SendToBuilder": "build", "SendToRunner": "run",
+          "JoinRunnerFutures": "run", "UpdateCostModel": "cost_model"}
+
+
+class PhaseExport:
+    """Exports a shard's profiler totals into the per-phase counters. The totals are cumulative
+    over the shard (one profiler for all its tasks): only their growth since the last export is
+    added, so one ``PhaseExport`` serves all the shard's progress callbacks."""
+
+    def __init__(self, job: str, shard: int) -> None:
+        self.job, self.shard = job, str(shard)
+        self.exported: dict[str, float] = {}
+
+    def __call__(self, table: dict[str, float]) -> None:
+        for name, secs in table.items():
+            phase = next((p for k, p in PHASES.items() if k in name), None)
+            if phase is None:
+                continue
+            delta = float(secs) - self.exported.get(name, 0.0)
+            if delta > 0:
+                metrics.PHASE_SECONDS.labels(self.job, self.shard, phase).inc(delta)
+                self.exported[name] = float(secs)
+
+
+@derived_object
+class ProgressCallback(ms.measure_callback.PyMeasureCallback):
+    """After each batch of ``task``: its trials, errors and best latency into ``progress``
+    (written to ``path``) and /metrics, then ``cfg.on_round`` (the sync uploads the progress)."""
+
+    def __init__(self, cfg: ClientConfig, progress: Progress, task: TaskProgress, path: Path,
+                 phases: PhaseExport | None = None) -> None:
+        super().__init__()
+        self.cfg, self.progress, self.task, self.path = cfg, progress, task, path
+        self.phases = phases or PhaseExport(cfg.job, cfg.shard)
+
+    def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any,
+              builder_results: Any, runner_results: Any) -> None:
+        cfg, progress, task = self.cfg, self.progress, self.task
+        shard = str(cfg.shard)
+        for b, r in zip(builder_results, runner_results):
+            if b.error_msg is not None:
+                status = "build_error"
+            elif r.error_msg is not None:
+                status = "run_error"
+            else:
+                status = "ok"
+                secs = [float(x) for x in r.run_secs]
+                mean = sum(secs) / len(secs)
+                if task.best_s is None or mean < task.best_s:
+                    task.best_s = mean
+                    metrics.BEST_LATENCY.labels(cfg.job, shard, task.name).set(mean)
+            if status != "ok":
+                progress.errors += 1
+            metrics.TRIALS.labels(cfg.job, shard, task.name, status).inc()
+            task.done += 1
+            progress.done += 1
+        metrics.SHARD_DONE.labels(cfg.job, shard).set(progress.done)
+        progress.startup.setdefault(
+            "first_records_s", round(time.time() - (cfg.process_started_at or progress.started_at), 2))
+        prof = ms.Profiler.current()
+        if prof is not None:
+            self.phases(prof.get())
+        progress.write(self.path)
+        if cfg.on_round is not None:
+            cfg.on_round()
+
+
+@derived_object
+class CostModelUpdate(ms.measure_callback.PyMeasureCallback):
+    """Stock ``UpdateCostModel``, except after the shard's final batch: nothing searches after it,
+    so training the cost model on it (xgb, ~2 s per client on the H200 machine) would only delay
+    the shard's end. Runs before the progress callback, so ``task.done`` excludes this batch."""
+
+    def __init__(self, task: TaskProgress, last_task: bool) -> None:
+        super().__init__()
+        self.task, self.last_task = task, last_task
+        self.update = ms.measure_callback.UpdateCostModel()
+
+    def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any,
+              builder_results: Any, runner_results: Any) -> None:
+        if self.last_task and self.task.done + len(measure_candidates) >= self.task.budget:
+            return
+        self.update.apply(task_scheduler, task_id, measure_candidates, builder_results, runner_results)
+
+
+class WriteAhead:
+    """Stock ``AddToDatabase`` for one task's ``tune_tasks`` (``mod``, ``target``), split in two
+    measure callbacks that share this: ``StoreBatch`` makes the batch's records and starts storing
+    them, ``CommitBatch`` waits for the store and commits them. Put the cost-model update between
+    the two: the upload (~50 ms per 1,000 records held, to a local S3) then runs while the cost
+    model trains, and the commit still comes before the next search reads the database. ``stage``
+    makes the lines for ``database``'s directory; ``job``/``shard`` label the wait in
+    ``sharetune_write_ahead_seconds``."""
+
+    def __init__(self, database: Any, stage: RecordLines, mod: Any, target: Any, store_ahead: StoreAhead,
+                 job: str = "", shard: str = "") -> None:
+        self.database, self.stage, self.mod, self.target = database, stage, mod, target
+        self.store_ahead, self.job, self.shard = store_ahead, job, shard
+        # Batches being stored, not yet committed: (records, wait for the store).
+        self.pending: list[tuple[list[Any], Callable[[], bool]]] = []
+
+
+@derived_object
+class StoreBatch(ms.measure_callback.PyMeasureCallback):
+    def __init__(self, ahead: WriteAhead) -> None:
+        super().__init__()
+        self.ahead = ahead
+
+    def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any,
+              builder_results: Any, runner_results: Any) -> None:
+        a = self.ahead
+        batch = tuning_records(a.database, a.mod, a.target, measure_candidates, runner_results)
+        a.pending.append((batch, a.store_ahead(a.stage.lines(batch))))
+
+
+@derived_object
+class CommitBatch(ms.measure_callback.PyMeasureCallback):
+    def __init__(self, ahead: WriteAhead) -> None:
+        super().__init__()
+        self.ahead = ahead
+
+    def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any,
+              builder_results: Any, runner_results: Any) -> None:
+        a = self.ahead
+        batch, wait = a.pending.pop()
+        t = time.monotonic()
+        stored = wait()
+        metrics.WRITE_AHEAD_SECONDS.labels(a.job, a.shard, "stored" if stored else "not_stored").observe(
+            time.monotonic() - t)
+        if not stored:
+            # Store unreachable: tuning goes on; these records are safe once the store is back
+            # (the sync thread retries), unless the pod dies first.
+            log.warning("batch of %d records committed before it was stored", len(batch))
+        for rec in batch:
+            a.database.commit_tuning_record(rec)
