@@ -4,6 +4,8 @@ only because the real binary cannot run without a GPU; the real one is exercised
 It speaks the two ways sharetune uses the real one: ``-f`` runs the daemon in the foreground
 until it is killed; without arguments it reads one command from stdin, answers it when the
 foreground daemon is alive (``quit`` stops it), and fails like the real client when none is.
+Every command it answers is appended to ``fake-control.commands`` in the pipe directory, so a
+test can check what the daemon was told (e.g. a default thread percentage, which caps clients).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def main() -> int:
     if not pid or not alive(pid):
         print("Cannot find MPS control daemon process", file=sys.stderr)
         return 1
+    with open(pid_file().with_name("fake-control.commands"), "a") as log:
+        log.write(command + "\n")
     if command == "quit":
         os.kill(pid, signal.SIGTERM)
     print("0" if command == "get_server_list" else "")

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from .api import commands
+from .api.exitcodes import PERMANENT
 from .api.gpuenv import NO_MULTICAST
 from .api.spec import API_GROUP, API_VERSION, KIND, TuningJobSpec
 from .api.topology import (GPU_INDEX_LABEL, JOB_MANIFEST, METRICS_PORT, MODEL_DIR, MODEL_DIR_ENV, MODEL_FILE,
@@ -326,7 +327,16 @@ def _clients(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job, n.clients, "client"),
             "spec": {"completionMode": "Indexed", "completions": spec.shards, "parallelism": spec.shards,
                      "backoffLimitPerIndex": spec.backoff_limit_per_index,
+                     # A bad spec, model or output fails its index at once: retrying cannot fix it.
+                     "podFailurePolicy": _fail_fast("client", "FailIndex"),
                      "template": {"metadata": {"labels": labels(job.name, "client")}, "spec": pod}}}
+
+
+def _fail_fast(container: str, action: str) -> dict[str, Any]:
+    """A pod that exits with a permanent user error (``sharetune.api.exitcodes.PERMANENT``) is not
+    retried; the Job's retries stay for crashes and transient faults (exit 1, kills, evictions)."""
+    return {"rules": [{"action": action, "onExitCodes": {"containerName": container, "operator": "In",
+                                                          "values": sorted(int(c) for c in PERMANENT)}}]}
 
 
 def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE) -> dict[str, Any]:
@@ -353,4 +363,5 @@ def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE) -> 
     c = _container(spec, image, "merge", args, env=env, mounts=mounts, probe=False)
     pod = _pod_spec(spec, [c], volumes=volumes, service_account=n.service_account, restartPolicy="Never", **extra)
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job, n.merge, "merge"),
-            "spec": {"backoffLimit": 2, "template": {"metadata": {"labels": labels(job.name, "merge")}, "spec": pod}}}
+            "spec": {"backoffLimit": 2, "podFailurePolicy": _fail_fast("merge", "FailJob"),
+                     "template": {"metadata": {"labels": labels(job.name, "merge")}, "spec": pod}}}

@@ -111,17 +111,24 @@ class ProcessGroup:
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM the group, SIGKILL it after ``grace_s``; what is left of the group after the
-        leader exited (an orphaned worker) goes too."""
+        leader exited (an orphaned worker) goes too. The leader is reaped through Popen, so
+        ``poll()`` afterwards is its real exit status."""
         if self.popen is None:
             return
         if self.popen.poll() is None:
-            stop_group(self.popen.pid, grace_s)
-        else:
             try:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            except ProcessLookupError:
                 pass
-        self.popen.poll()  # record the exit status stop_group reaped
+            try:
+                self.popen.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.popen.wait()
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """A crash, not a stop: ``sig`` to the whole group, no grace (fault injection)."""

@@ -174,3 +174,17 @@ def test_multi_gpu_job_has_a_daemon_and_a_server_group_per_gpu() -> None:
     assert [(g, d, v) for g, d, v in daemon_names("tj", one)] == [(None, "tj-mps", "tj-servers")]
     cpu = parse_spec("tj", {"model": {"name": "resnet18"}, "gpuSharing": {"gpus": 4}})
     assert cpu.total_servers == cpu.servers.replicas and "Pod" not in by_kind(plan(JOB, cpu))
+
+
+def test_permanent_user_errors_are_not_retried() -> None:
+    """Exit codes of user errors (bad spec, model, output: sharetune.api.exitcodes.PERMANENT) fail
+    the client's index / the merge at once; crashes and kills keep their retries."""
+    s = parse_spec("tj", {"model": {"name": "tiny_cnn"}, "clients": {"backoffLimitPerIndex": 3}})
+    clients = next(o for o in plan(JOB, s) if o["kind"] == "Job")
+    assert clients["spec"]["backoffLimitPerIndex"] == 3
+    assert clients["spec"]["podFailurePolicy"] == {"rules": [{"action": "FailIndex", "onExitCodes": {
+        "containerName": "client", "operator": "In", "values": [2, 3, 7]}}]}
+    assert pod_spec(clients)["restartPolicy"] == "Never"  # what a pod failure policy requires
+    merge = plan_merge(JOB, s)
+    assert merge["spec"]["podFailurePolicy"]["rules"][0]["action"] == "FailJob"
+    assert merge["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["containerName"] == "merge"

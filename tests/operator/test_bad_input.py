@@ -223,7 +223,9 @@ def test_corrupt_onnx_and_unreachable_url_fail_with_the_models_error(k8s, cluste
 
     core.create_namespaced_config_map(ns, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="bad-model"),
                                                              binary_data={"model.onnx": base64.b64encode(b"\x08\x07garbage").decode()}))
-    retries = {"shards": 1, "builderWorkers": 1, "backoffLimitPerIndex": 0}
+    # Retries allowed, yet a model error (exit 3, sharetune.api.exitcodes.PERMANENT) fails its index
+    # at once through the Job's podFailurePolicy: one client pod per job, no retry storm.
+    retries = {"shards": 1, "builderWorkers": 1, "backoffLimitPerIndex": 3}
     create_job(k8s, ns, tuning_job("corrupt", model={"onnx": {"configMap": {"name": "bad-model"}}}, clients=retries))
     create_job(k8s, ns, tuning_job("gone", model={"onnx": {"url": f"http://127.0.0.1:{free_port()}/m.onnx"}},
                                    clients=retries))
@@ -233,5 +235,7 @@ def test_corrupt_onnx_and_unreachable_url_fail_with_the_models_error(k8s, cluste
             phase, reason, message = wait_for(f"{name} Failed", lambda: (r := _ready(get_job(k8s, ns, name)))[0]
                                               == "Failed" and r, timeout_s=180)
             assert reason == "ShardFailed" and words in message, message
+            clients = {p.name for p in sim.history if p.name.startswith(f"{name}-clients-")}
+            assert len(clients) == 1, clients
     finally:
         sim.stop()

@@ -107,7 +107,9 @@ def test_gpu_job_places_servers_with_the_mps_daemon(k8s, operator, ns) -> None: 
     c = daemon.spec.containers[0]
     assert c.resources.limits == {"nvidia.com/gpu": "1"}
     assert daemon.spec.volumes[1].host_path.path == f"/run/sharetune/mps/{ns}-gpu"
-    assert "--thread-percentage" in c.args and c.args[c.args.index("--thread-percentage") + 1] == "25"
+    # No default share on the daemon (it would cap every process, the serving report's too); the
+    # servers carry theirs (below).
+    assert "--thread-percentage" not in c.args and c.args[c.args.index("--pinned-memory-limit") + 1] == "4G"
 
     servers = wait_for("3 servers scheduled", lambda: (ps := [p for p in core.list_namespaced_pod(
         ns, label_selector="sharetune.io/job=gpu,app.kubernetes.io/component=server").items

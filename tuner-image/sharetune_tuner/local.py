@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sharetune.api import commands
+from sharetune.api.exitcodes import PERMANENT, ExitCode
 from sharetune.api.gpuenv import NO_MULTICAST
 from sharetune.api.spec import TuningJobSpec
 from sharetune.api.topology import PROGRESS_FILE, SUMMARY_FILE, gpu_groups, in_group
@@ -196,6 +197,9 @@ class LocalRun:
                 if rc == 0:
                     running.discard(i)
                     continue
+                if rc in PERMANENT:  # a bad spec, model or output: a restart cannot fix it
+                    raise RuntimeError(f"client {i} failed ({ExitCode(rc).name.lower()} error, not retried):\n"
+                                       f"{clients[i].tail(5)}")
                 if clients[i].restarts >= self.max_client_restarts:
                     raise RuntimeError(f"client {i} failed {clients[i].restarts + 1} times; last log:\n"
                                        f"{clients[i].tail()}")

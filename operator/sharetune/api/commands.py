@@ -23,7 +23,12 @@ def mps_limits(spec: TuningJobSpec) -> list[str]:
 
 
 def mps_daemon(spec: TuningJobSpec, pipe_dir: str, log_dir: str, metrics_port: int | None = None) -> list[str]:
-    return ["mps-daemon", "--pipe-dir", pipe_dir, "--log-dir", log_dir, *mps_limits(spec),
+    """The job's MPS control daemon. No default thread percentage: a client's
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE can only lower the daemon's default, so a default at the
+    tuning share capped every later process there (the merge's serving report measured every
+    share above it at the tuning share). Each server sets its own share in its environment."""
+    return ["mps-daemon", "--pipe-dir", pipe_dir, "--log-dir", log_dir,
+            *_opt("--pinned-memory-limit", spec.servers.pinned_memory_limit if spec.uses_mps else None),
             *_opt("--metrics-port", metrics_port)]
 
 
