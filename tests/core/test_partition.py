@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharetune_tuner.partition import TaskInfo, budgets, order, partition, shard_of
+from sharetune_tuner.partition import TaskInfo, budgets, left_at_default, order, partition, shard_of, useful_minimum
 
 
 def tasks_from(costs: list[tuple[float, int]]) -> list[TaskInfo]:
@@ -60,23 +60,61 @@ def test_resnet_like_costs_balance_well() -> None:
     assert max(loads) / min(loads) < 1.3
 
 
-@given(task_lists, st.integers(1, 5000), st.integers(1, 200))
+@given(task_lists, st.integers(1, 5000), st.integers(1, 200), st.integers(1, 64), st.randoms())
 @settings(max_examples=300, deadline=None)
-def test_budgets_respect_total_and_cap(costs, total, cap) -> None:  # type: ignore[no-untyped-def]
+def test_budgets_spend_the_total_where_it_pays(costs, total, cap, minimum, rnd) -> None:  # type: ignore[no-untyped-def]
     tasks = tasks_from(costs)
-    b = budgets(tasks, total, cap)
+    b = budgets(tasks, total, cap, minimum)
+    shuffled = tasks[:]
+    rnd.shuffle(shuffled)
+    assert budgets(shuffled, total, cap, minimum) == b  # every client computes the same budgets
     assert set(b) == {t.key for t in tasks}
     assert all(0 <= v <= cap for v in b.values())
-    assert sum(b.values()) == min(total, cap * len(tasks))
-    if total >= len(tasks):
-        assert all(v >= 1 for v in b.values())  # no task is left untuned when the total allows
+    assert sum(b.values()) == min(total, cap * len(tasks))  # spent whenever the caps allow
+    along = [b[t.key] for t in order(tasks)]
+    assert along == sorted(along, reverse=True)  # never more for a lighter task than for a heavier one
+    floor = min(minimum, cap)
+    assert sum(1 for v in b.values() if 0 < v < floor) <= 1  # at most one remainder below the minimum
+    assert set(left_at_default(b)) == {k for k, v in b.items() if v == 0}
 
 
 def test_budgets_follow_cost() -> None:
-    tasks = tasks_from([(1e9, 1), (1e6, 1), (0.0, 1)])
-    b = budgets(tasks, 60, 100)
-    heavy, light, empty = (b[t.key] for t in tasks)
-    assert heavy > light >= empty >= 1 and sum(b.values()) == 60
+    tasks = tasks_from([(1e9, 1), (2e8, 1), (1e6, 1), (0.0, 1)])
+    heavy, mid, light, empty = (budgets(tasks, 60, 100, 8)[t.key] for t in tasks)
+    assert heavy > mid >= 8 and light == empty == 0 and heavy + mid == 60
+
+
+def test_a_small_budget_goes_to_the_heaviest_tasks_not_one_trial_each() -> None:
+    # The issue's case: ResNet-18's 22 tasks and 96 trials. Before: 1-5 trials on every task,
+    # which lost to TVM's defaults (0.83x). Now: whole search rounds on the tasks that dominate.
+    rng = random.Random(0)
+    tasks = tasks_from([(rng.uniform(1e7, 3e8), rng.randint(1, 3)) for _ in range(18)]
+                       + [(rng.uniform(1e3, 1e5), 1) for _ in range(4)])
+    m = useful_minimum(64, 8)
+    assert m == 16
+    b = budgets(tasks, 96, 64, m)
+    tuned = [t for t in order(tasks) if b[t.key]]
+    assert sum(b.values()) == 96 and all(b[t.key] >= m for t in tuned)
+    assert tuned == order(tasks)[:len(tuned)] and len(tuned) <= 96 // m  # the heaviest, each a useful minimum
+    assert len(left_at_default(b)) == 22 - len(tuned)
+    # A budget that covers every task at the minimum and fills the caps tunes every task.
+    assert not left_at_default(budgets(tasks, 22 * 64, 64, m))
+
+
+def test_useful_minimum() -> None:
+    assert useful_minimum(16, 8) == 16  # two search rounds
+    assert useful_minimum(64, 2) == 8  # at least 8
+    assert useful_minimum(4, 2) == 4  # never above the per-task cap
+    assert useful_minimum(12, 4) == 8  # the quickstart: 48 trials, 12 per task -> 4 tasks x 12
+
+
+def test_budgets_of_the_quickstart_model() -> None:
+    # tiny_cnn's 8 tasks (FLOPs, calls): 3 convs, a mean, a matmul, 3 reshapes.
+    tasks = tasks_from([(75628544, 1), (37879808, 1), (7340032, 1), (65600, 1), (1290, 1), (0, 2), (0, 1), (0, 1)])
+    b = [budgets(tasks, 48, 12, useful_minimum(12, 4))[t.key] for t in tasks]
+    assert b == [12, 12, 12, 12, 0, 0, 0, 0]
+    assert [budgets(tasks, 20, 8, useful_minimum(8, 2))[t.key] for t in tasks] == [8, 8, 4, 0, 0, 0, 0, 0]
+    assert sum(budgets(tasks, 3, 12, 8).values()) == 3  # a total below the minimum: all on the heaviest
 
 
 def test_order_and_shard_index_errors() -> None:

@@ -76,3 +76,32 @@ def test_pending_says_why_pods_cannot_start() -> None:
     # Once a shard tunes, a retried pod waiting for a node does not send the job back to Pending.
     tuning = Observed(shards=[ShardView(0, state="tuning")], unschedulable=cpu.unschedulable)
     assert next_phase(RUNNING, tuning, 1)[:2] == (RUNNING, "Tuning")
+
+
+def test_a_result_not_faster_than_untuned_says_so() -> None:
+    from sharetune.controller.status import improved_condition, result_fields
+
+    done = dict(clients_succeeded=1, merge_exists=True, merge_succeeded=True)
+    slower = {"records": 96, "speedup": 1.0, "improved": False, "speedup_of_records": 0.83,
+              "latency_untuned_ms": 3.48, "latency_tuned_ms": 3.48, "tasks_left_at_default": ["reshape"],
+              "tasks_default_won": ["fused_conv2d_add_relu"]}
+    phase, reason, message = next_phase(MERGING, Observed([shard(0, "done", 4)], summary=slower, **done), 1)
+    assert (phase, reason) == (SUCCEEDED, "Merged")
+    assert "not faster than untuned" in message and "0.83x" in message and "try a larger trials.total" in message
+    assert "x faster" not in message
+    f = result_fields(slower)
+    assert f["improved"] is False and f["bestSpeedup"] == 1.0 and f["recordsSpeedup"] == 0.83
+    assert f["tunedLatencyMs"] == f["untunedLatencyMs"] == 3.48  # the delivered model is the untuned one
+    assert f["tasksLeftAtDefault"] == ["reshape"] and f["tasksDefaultWon"] == ["fused_conv2d_add_relu"]
+    c = improved_condition([], slower, 3)
+    assert (c[0]["type"], c[0]["status"], c[0]["reason"]) == ("Improved", "False", "NotFasterThanUntuned")
+
+    faster = {"records": 96, "speedup": 2.5, "improved": True, "speedup_of_records": 2.5, "tasks_left_at_default": []}
+    assert next_phase(MERGING, Observed([shard(0, "done", 4)], summary=faster, **done), 1)[2] == \
+        "96 trials merged; 2.5x faster than untuned"
+    c = improved_condition(c, faster, 4)
+    assert len(c) == 1 and (c[0]["status"], c[0]["reason"]) == ("True", "FasterThanUntuned")
+    assert result_fields(faster)["improved"] is True and result_fields(faster)["tasksLeftAtDefault"] == []
+    # A summary from a merge before the never-slower rule: its speed-up decides.
+    assert result_fields({"records": 4, "speedup": 0.9})["improved"] is False
+    assert "recordsSpeedup" not in result_fields({"records": 4, "speedup": 3.2})

@@ -276,8 +276,9 @@ def test_a_real_tuning_run_through_the_operator(k8s, cluster, operator, ns, tmp_
         unpack(open_store(store_uri).get("result"), tmp_path / "fetched")
         every = stats(tmp_path / "fetched" / "records")
         assert every.total == 8
-        # One best record per workload that had a successful trial (a failed-only one has none).
-        assert stats(tmp_path / "fetched" / "best").total == len(every.best_by_workload) >= 6
+        # 8 trials go to the two heaviest convs (the useful minimum each); the best records hold
+        # those of them that beat TVM's default schedule (the never-worse merge).
+        assert stats(tmp_path / "fetched" / "best").total == summary["best_records"] <= len(every.best_by_workload) == 2
         # The processes' logs are collected into the same store.
         logs = tmp_path / "fetched" / "logs"
         assert "shard 1/2" in (logs / "shard-1.log").read_text() and "merged 8 records" in (logs / "merge.log").read_text()

@@ -26,7 +26,7 @@ def test_local_run_tunes_merges_and_beats_untuned(tmp_path: Path) -> None:
     shard_totals = [records.stats(tmp_path / "run" / "shards" / f"shard-{i}").total for i in range(2)]
     assert all(n > 0 for n in shard_totals)  # both shards tuned
     assert s["records"] == sum(shard_totals) == 48  # the merged store holds every trial
-    assert s["best_records"] == s["workloads"] == 8
+    assert s["workloads"] == 4 and s["best_records"] == sum(t["winner"] == "tuned" for t in s["tasks"]) >= 3
     assert s["max_relative_error"] < 1e-3  # the tuned model computes what the untuned one does
     assert s["speedup"] > 1.5, s  # and is faster (measured 5.9x with this budget)
     tuned = [t for t in s["tasks"] if t["flops"] > 1e6]

@@ -26,7 +26,7 @@ from .callbacks import CommitBatch, CostModelUpdate, PhaseExport, ProgressCallba
 from .cpus import default_builder_workers
 from .errors import TrackerError
 from .intrinsics import ensure_registered
-from .partition import budgets, shard_of
+from .partition import budgets, shard_of, useful_minimum
 from .tasks import Task, extract
 from .write_ahead import RecordLines, StoreAhead
 
@@ -154,7 +154,9 @@ class TrackerWait:
 def plan_shard(tasks: list[Task], cfg: ClientConfig) -> tuple[list[Task], dict[str, int]]:
     infos = [t.info for t in tasks]
     mine = {i.key for i in shard_of(infos, cfg.shards, cfg.shard)}
-    budget = budgets(infos, cfg.total_trials, cfg.trials_per_task)
+    # Tasks too light for a useful minimum of trials get none: they keep TVM's defaults.
+    budget = budgets(infos, cfg.total_trials, cfg.trials_per_task,
+                     useful_minimum(cfg.trials_per_task, cfg.trials_per_iter))
     return [t for t in tasks if t.info.key in mine], {k: v for k, v in budget.items() if k in mine}
 
 

@@ -86,20 +86,40 @@ def run(a: argparse.Namespace) -> int:
 
 
 def _print_summary(console: Console, s: dict[str, Any], workdir: Path) -> None:
-    t = Table(title=f"{s['job']}: tuned tasks (best of {s['records']} trials)")
-    for col in ("task", "weight", "MFLOP", "trials", "best us"):
+    t = Table(title=f"{s['job']}: tasks (best of {s['records']} trials, each against TVM's default schedule)")
+    for col in ("task", "weight", "MFLOP", "trials", "best us", "default us", "tuned us", "kept"):
         t.add_column(col, justify="right" if col != "task" else "left")
+
+    def us(v: Any) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
     for task in s["tasks"]:
+        winner = task.get("winner")
+        kept = {"tuned": "[green]tuned[/green]", "default": "[yellow]default[/yellow]"}.get(
+            winner or "", "not tuned" if task.get("budget") == 0 else "no records")
         t.add_row(task["name"], str(task["weight"]), f"{task['flops'] / 1e6:.1f}", str(task["trials"]),
-                  "-" if task["best_latency_us"] is None else f"{task['best_latency_us']:.1f}")
+                  us(task["best_latency_us"]), us(task.get("default_us")), us(task.get("tuned_us")), kept)
     console.print(t)
-    console.print(f"end-to-end latency: untuned {s['latency_untuned_ms']:.3f} ms -> tuned "
-                  f"{s['latency_tuned_ms']:.3f} ms ([bold green]{s['speedup']:.2f}x[/bold green]); "
-                  f"{s['records']} trials in {s['tuning_s']}s ({s['trials_per_s']} trials/s)")
+    rate = f"{s['records']} trials in {s['tuning_s']}s ({s['trials_per_s']} trials/s)"
+    if s.get("improved", s["speedup"] > 1):
+        console.print(f"end-to-end latency: untuned {s['latency_untuned_ms']:.3f} ms -> tuned "
+                      f"{s['latency_tuned_ms']:.3f} ms ([bold green]{s['speedup']:.2f}x[/bold green]); {rate}")
+    else:
+        records = s.get("latency_records_ms")
+        measured = ("no tuned record beat its task's default" if records is None else
+                    f"the tuned records measured {records:.3f} ms ({s.get('speedup_of_records')}x)")
+        console.print(f"end-to-end latency: untuned {s['latency_untuned_ms']:.3f} ms; {measured}.\n"
+                      "[bold yellow]tuning did not beat TVM's defaults at this budget: the result keeps the default "
+                      "schedules; try a larger trials.total[/bold yellow]; " + rate)
+    left = s.get("tasks_left_at_default") or []
+    if left:
+        console.print(f"left at TVM's defaults by the budget ({len(left)} light tasks): {', '.join(left)}")
+    won = s.get("tasks_default_won") or []
+    if won:
+        console.print(f"TVM's default schedule beat the best tuned record ({len(won)}): {', '.join(won)}")
     by_pct = s.get("latency_ms_by_serving_pct")
     if by_pct:
         console.print("tuned latency by MPS serving share: " + ", ".join(
             f"{k}% {'-' if v is None else f'{v:.3f} ms'}" for k, v in by_pct.items()))
-    console.print(f"records: {workdir}/result/records (all), {workdir}/result/best (best per task); "
+    console.print(f"records: {workdir}/result/records (all), {workdir}/result/best (what the result applies); "
                   f"summary: {workdir}/result/summary.json")
-

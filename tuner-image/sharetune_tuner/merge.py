@@ -1,9 +1,18 @@
-"""Merge the shards' records, compile the tuned model, check it, measure it, write the summary.
+"""Merge the shards' records, keep only what beats TVM's defaults, check and measure the model.
+
+A tuning result is never slower than the model it was given. Per task, the best tuned record is
+measured here, on the merge's own device, against TVM's default schedule for that task (what
+``compile_relax`` applies without a record: DLight's rules on GPUs, the PrimFunc as it is on
+CPUs) and kept only where it is faster beyond timing noise. Then the whole model: if the model
+built with the kept records is not faster than the untuned one, the delivered result is the
+untuned model (``best/`` holds no record) and the summary says ``improved: false``.
 
 Output directory:
   records/      every trial of every shard (nothing dropped: the source of truth)
-  best/         the best record per workload (what deployments apply)
-  summary.json  per-task trials and best latency, end-to-end latency untuned vs tuned
+  best/         what deployments apply: the best record of each task that beat its default, or
+                nothing when the tuned model was not faster than the untuned one
+  summary.json  per task: trials, best latency, default vs tuned and the winner; end-to-end
+                latency untuned vs delivered, ``improved``, the tasks left at their defaults
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +32,17 @@ from sharetune.api.topology import SUMMARY_FILE
 from . import records
 from .errors import TunerError
 from .model import LoadedModel, load_for_spec
+from .partition import budgets, useful_minimum
 from .targets import device_for, make_target
 from .tasks import extract
 
 log = logging.getLogger("sharetune.merge")
+
+# A tuned schedule (a task's, or the whole model's) must be this much faster than TVM's default
+# to replace it: timing noise between two measurements of one kernel stays below it (repeated
+# rounds, alternating, medians).
+NOISE = 0.03
+TUNED, DEFAULT, NO_RECORDS = "tuned", "default", "untuned-no-records"
 
 
 def compile_with(db_dir: Path | None, model: LoadedModel, target: Any) -> Any:
@@ -56,14 +73,125 @@ def run_once(executable: Any, model: LoadedModel, x: np.ndarray, dev: Any) -> np
     return out.numpy()
 
 
-def latency_s(executable: Any, model: LoadedModel, x: np.ndarray, dev: Any,
-              min_repeat_ms: int = 200, repeat: int = 5) -> float:
-    """Median of ``repeat`` timed rounds, each at least ``min_repeat_ms`` long."""
+def faster(candidate_s: float, baseline_s: float) -> bool:
+    """The candidate beats the baseline beyond timing noise (a tie keeps the baseline)."""
+    return candidate_s < baseline_s * (1 - NOISE)
+
+
+def compare(timers: list[Callable[[], float]], rounds: int = 5) -> list[float]:
+    """Median seconds of each timer over ``rounds`` rounds that take turns (a, b, a, b, ...), so a
+    slow spell of a shared machine hits every candidate alike."""
+    times: list[list[float]] = [[] for _ in timers]
+    for _ in range(rounds):
+        for t, fn in zip(times, timers):
+            t.append(fn())
+    return [float(np.median(t)) for t in times]
+
+
+def model_timer(executable: Any, model: LoadedModel, x: np.ndarray, dev: Any,
+                min_repeat_ms: int = 200) -> Callable[[], float]:
+    """One timed round (at least ``min_repeat_ms`` long) of the whole model per call."""
     vm = _vm(executable, dev)
     args = _args(model, x, dev)
     vm["main"](*args)  # warm-up (CUDA: module load, NVRTC)
-    res = vm.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)(*args)
-    return float(np.median(res.results))
+    ev = vm.time_evaluator("main", dev, number=1, repeat=1, min_repeat_ms=min_repeat_ms)
+    return lambda: float(ev(*args).mean)
+
+
+def latency_s(executable: Any, model: LoadedModel, x: np.ndarray, dev: Any,
+              min_repeat_ms: int = 200, repeat: int = 5) -> float:
+    """Median of ``repeat`` timed rounds, each at least ``min_repeat_ms`` long."""
+    return compare([model_timer(executable, model, x, dev, min_repeat_ms)], repeat)[0]
+
+
+def default_schedule(mod: Any, target: Any) -> Any:
+    """A task's IRModule with the schedule ``compile_relax`` gives it when no record matches:
+    DLight's default rules on GPU targets; nothing on CPUs (the PrimFunc is lowered as it is)."""
+    import tvm
+    from tvm.relax import pipeline as rp
+
+    if not rp.BackendDispatcher.is_gpu_target(target):
+        return mod
+    from tvm.s_tir import dlight as dl
+
+    with target, tvm.transform.PassContext(opt_level=3):
+        return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                       dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+
+
+def tuned_schedule(record: Any) -> Any:
+    """The record's workload with its trace replayed (what ``MetaScheduleApplyDatabase`` puts in)."""
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(record.workload.mod)
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    return sch.mod
+
+
+def kernel_timer(mod: Any, target: Any, dev: Any, min_repeat_ms: int = 40) -> Callable[[], float]:
+    """Builds one task's IRModule as MetaSchedule's builder does and returns a timer of it on
+    random arguments (integer arguments zero: they may be indices)."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    lib = tvm.tirx.build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+    rng = np.random.default_rng(0)
+    args = []
+    for info in ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True):
+        shape, dtype = [int(d) for d in info.shape], str(info.dtype)
+        a = rng.uniform(-1, 1, shape) if "float" in dtype else np.zeros(shape)
+        args.append(tvm.runtime.tensor(a.astype(dtype), dev))
+    ev = lib.time_evaluator(lib.entry_name, dev, number=1, repeat=1, min_repeat_ms=min_repeat_ms)
+    ev(*args)  # warm-up
+    return lambda: float(ev(*args).mean)
+
+
+def judge_tasks(candidates: list[Any], target: Any, dev: Any) -> dict[str, dict[str, Any]]:
+    """Per workload (structural hash) of each candidate record: ``default_us``, ``tuned_us`` and
+    the ``winner``, both measured here the same way. A record that does not build or run here
+    loses; a default that does not build on its own (the model's build is the judge then) loses."""
+    import tvm_ffi
+
+    from .intrinsics import ensure_registered
+
+    if candidates:
+        ensure_registered()  # traces that use tensor intrinsics (tensor cores, VNNI) name them
+    out: dict[str, dict[str, Any]] = {}
+    for rec in candidates:
+        h = str(tvm_ffi.structural_hash(rec.workload.mod))
+        timers: dict[str, Callable[[], float]] = {}
+        for what in ("default", "tuned"):
+            try:
+                mod = default_schedule(rec.workload.mod, target) if what == "default" else tuned_schedule(rec)
+                timers[what] = kernel_timer(mod, target, dev)
+            except Exception as e:  # a schedule this device or TVM's build refuses
+                log.warning("task %s: the %s schedule does not build or run here: %s", h, what, e)
+        v: dict[str, Any] = {"default_us": None, "tuned_us": None, "winner": DEFAULT, "record": rec}
+        if len(timers) == 2:
+            d_s, t_s = compare([timers["default"], timers["tuned"]])
+            v.update(default_us=round(d_s * 1e6, 3), tuned_us=round(t_s * 1e6, 3),
+                     winner=TUNED if faster(t_s, d_s) else DEFAULT)
+        elif "tuned" in timers:
+            v.update(tuned_us=round(compare([timers["tuned"]])[0] * 1e6, 3), winner=TUNED)
+        out[h] = v
+    return out
+
+
+def write_db(db_dir: Path, recs: list[Any]) -> None:
+    """``db_dir`` as a JSONDatabase holding exactly ``recs`` (none: an empty one)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from sharetune.api.topology import RECORDS_FILE, WORKLOADS_FILE
+
+    db_dir.mkdir(parents=True, exist_ok=True)
+    for f in (WORKLOADS_FILE, RECORDS_FILE):
+        (db_dir / f).unlink(missing_ok=True)
+        (db_dir / f).touch()
+    db = ms.database.JSONDatabase(work_dir=str(db_dir))
+    for rec in recs:
+        db.commit_tuning_record(ms.database.TuningRecord(rec.trace, db.commit_workload(rec.workload.mod),
+                                                         rec.run_secs, rec.target, rec.args_info))
 
 
 def outputs_match(reference: np.ndarray, tuned: np.ndarray) -> tuple[bool, float]:
@@ -73,7 +201,15 @@ def outputs_match(reference: np.ndarray, tuned: np.ndarray) -> tuple[bool, float
     return err < 1e-3, err
 
 
+def deliver(winners: int, untuned_s: float, tuned_s: float | None) -> bool:
+    """Whether the tuned model is the result: some task kept a tuned record and the model built
+    with them is faster than the untuned one beyond noise. Otherwise the untuned model is."""
+    return winners > 0 and tuned_s is not None and faster(tuned_s, untuned_s)
+
+
 def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> dict[str, Any]:
+    from tvm.s_tir import meta_schedule as ms
+
     t0 = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     counts = records.merge(shard_dirs, out / "records", out / "best")
@@ -84,38 +220,69 @@ def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> 
     dev = device_for(spec.target)
     x = model.sample_input(seed=spec.seed)
 
+    # Per task: the best record against TVM's default schedule; best/ keeps the winners only.
+    verdicts = judge_tasks(ms.database.JSONDatabase(work_dir=str(out / "best")).get_all_tuning_records(),
+                           target, dev)
+    kept = [v["record"] for v in verdicts.values() if v["winner"] == TUNED]
+    write_db(out / "best", kept)
+
     untuned = compile_with(None, model, target)
-    tuned = compile_with(out / "best", model, target)
-    ref, got = run_once(untuned, model, x, dev), run_once(tuned, model, x, dev)
-    ok, err = outputs_match(ref, got)
-    if not ok:
-        raise TunerError(f"the tuned model's output differs from the untuned one (relative error {err:.2e})")
-    lat_untuned = latency_s(untuned, model, x, dev)
-    lat_tuned = latency_s(tuned, model, x, dev)
+    ref = run_once(untuned, model, x, dev)
+    tuned, err, lat_tuned = None, 0.0, None
+    if kept:
+        tuned = compile_with(out / "best", model, target)
+        ok, err = outputs_match(ref, run_once(tuned, model, x, dev))
+        if not ok:
+            raise TunerError(f"the tuned model's output differs from the untuned one (relative error {err:.2e})")
+        lat_untuned, lat_tuned = compare([model_timer(untuned, model, x, dev), model_timer(tuned, model, x, dev)])
+    else:
+        lat_untuned = latency_s(untuned, model, x, dev)
+    improved = deliver(len(kept), lat_untuned, lat_tuned)
+    if not improved:
+        write_db(out / "best", [])  # the result is the untuned model: nothing to apply
+    delivered = tuned if improved else untuned
+    lat_delivered = lat_tuned if improved and lat_tuned is not None else lat_untuned
 
     stats = records.stats(out / "records")
+    extracted = extract(model.mod, target)
+    budget = budgets([t.info for t in extracted], spec.trials.total, spec.trials.per_task,
+                     useful_minimum(spec.trials.per_task, spec.trials.per_iteration))
     tasks = []
-    for t in extract(model.mod, target):
+    for t in extracted:
         h = t.info.workload_hash
+        v = verdicts.get(h)
         tasks.append({"name": t.info.name, "workload_hash": h, "weight": t.info.weight, "flops": t.info.flops,
-                      "trials": stats.trials_by_workload.get(h, 0),
+                      "budget": budget[t.info.key], "trials": stats.trials_by_workload.get(h, 0),
                       "best_latency_us": round(stats.best_by_workload[h] * 1e6, 3)
-                      if h in stats.best_by_workload else None})
+                      if h in stats.best_by_workload else None,
+                      "default_us": v["default_us"] if v else None, "tuned_us": v["tuned_us"] if v else None,
+                      "winner": v["winner"] if v else NO_RECORDS})
+    tasks.sort(key=lambda t: -(t["flops"] * t["weight"]))
     summary: dict[str, Any] = {
         "job": spec.name, "model": model.name, "input_shape": list(model.input_shape),
         "target": spec.target, "shards": len(shard_dirs),
         "records": counts["records_out"], "failed_trials": stats.failed,
-        "workloads": counts["workloads"], "best_records": counts["best_records"],
-        "latency_untuned_ms": round(lat_untuned * 1e3, 4), "latency_tuned_ms": round(lat_tuned * 1e3, 4),
-        "speedup": round(lat_untuned / lat_tuned, 3), "max_relative_error": err,
-        "tasks": sorted(tasks, key=lambda t: -(t["flops"] * t["weight"])),
+        "workloads": counts["workloads"], "best_records": len(kept) if improved else 0,
+        "candidate_records": counts["best_records"],
+        # The delivered model: the tuned one when it is faster, else the untuned one (speedup 1.0).
+        "improved": improved, "delivered": TUNED if improved else "untuned",
+        "latency_untuned_ms": round(lat_untuned * 1e3, 4), "latency_tuned_ms": round(lat_delivered * 1e3, 4),
+        "speedup": round(lat_untuned / lat_delivered, 3) if improved else 1.0,
+        # What the kept records measured as a model, delivered or not (None: no record beat its default).
+        "latency_records_ms": round(lat_tuned * 1e3, 4) if lat_tuned is not None else None,
+        "speedup_of_records": round(lat_untuned / lat_tuned, 3) if lat_tuned is not None else None,
+        "max_relative_error": err,
+        "tasks": tasks,
+        "tasks_left_at_default": [t["name"] for t in tasks if t["budget"] == 0],
+        "tasks_default_won": [t["name"] for t in tasks if t["winner"] == DEFAULT],
         "merge_s": round(time.monotonic() - t0, 2),
     }
-    from .serving import report as serving_report  # the tuned model at each MPS serving share
+    from .serving import report as serving_report  # the delivered model at each MPS serving share
 
-    summary.update(serving_report(spec.target, spec.uses_mps, tuned, [x, *[p.numpy() for p in model.params]],
+    summary.update(serving_report(spec.target, spec.uses_mps, delivered, [x, *[p.numpy() for p in model.params]],
                                   out / "serving"))
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
-    log.info("merged %d records; %.3f ms -> %.3f ms (%.2fx)", summary["records"],
-             summary["latency_untuned_ms"], summary["latency_tuned_ms"], summary["speedup"])
+    log.info("merged %d records; %d of %d tuned tasks beat their defaults; untuned %.3f ms, tuned records %s ms: "
+             "delivered the %s model (%.2fx)", summary["records"], len(kept), len(verdicts),
+             summary["latency_untuned_ms"], summary["latency_records_ms"], summary["delivered"], summary["speedup"])
     return summary

@@ -24,7 +24,8 @@ from ..planner import JobRef, daemon_names, plan, plan_merge, result_location, s
 from . import events, kube, metrics
 from .context import Context
 from .observe import Snapshot, observe, snapshot
-from .status import FAILED, FINAL, PENDING, SUCCEEDED, DaemonView, Observed, mps_recovery, next_phase, now, progress_fields
+from .status import (FAILED, FINAL, PENDING, SUCCEEDED, DaemonView, Observed, improved_condition, mps_recovery,
+                     next_phase, now, progress_fields, result_fields)
 
 PLURAL = "tuningjobs"
 log = logging.getLogger("sharetune.operator")
@@ -183,10 +184,8 @@ def reconcile_status(ctx: Context, body: dict[str, Any], patch: kopf.Patch, snap
         if status.get(k) != v:
             patch.status[k] = v
     if obs.summary is not None and new_phase == SUCCEEDED:
-        patch.status["bestSpeedup"] = obs.summary.get("speedup")
-        patch.status["untunedLatencyMs"] = obs.summary.get("latency_untuned_ms")
-        patch.status["tunedLatencyMs"] = obs.summary.get("latency_tuned_ms")
-        patch.status["trialsCompleted"] = obs.summary.get("records")
+        for k, v in result_fields(obs.summary).items():
+            patch.status[k] = v
         patch.status["progressPercent"] = 100
     last = _last_reason(status)
     # While Pending the reason and its message are news (GPU busy, Secret missing or lacking a key,
@@ -194,6 +193,9 @@ def reconcile_status(ctx: Context, body: dict[str, Any], patch: kopf.Patch, snap
     changed = reason != last or message != status.get("message")
     if new_phase != phase or (new_phase == PENDING and changed and (last, reason) != ("Created", "Starting")):
         events.set_phase(ctx.api, body, patch, new_phase, reason, message, meta.get("generation"), dict(status))
+        if obs.summary is not None and new_phase == SUCCEEDED:
+            patch.status["conditions"] = improved_condition(patch.status["conditions"], obs.summary,
+                                                            meta.get("generation"))
     metrics.RECONCILE.labels("status").observe(time.monotonic() - t0)
 
 

@@ -116,6 +116,46 @@ def progress_fields(obs: Observed, started: str | None) -> dict[str, Any]:
     return fields
 
 
+def improved(summary: dict[str, Any]) -> bool:
+    """The delivered model is faster than the untuned one (summaries of merges before the
+    never-slower rule carry no ``improved``: their speed-up says it)."""
+    if "improved" in summary:
+        return bool(summary["improved"])
+    return float(summary.get("speedup") or 0) > 1
+
+
+def result_message(summary: dict[str, Any]) -> str:
+    """What the result is worth, plainly: a speed-up, or that tuning did not beat the defaults."""
+    if improved(summary):
+        return f"{summary.get('speedup')}x faster than untuned"
+    measured = summary.get("speedup_of_records")
+    return ("not faster than untuned: tuning did not beat TVM's default schedules at this budget"
+            + (f" (the tuned records measured {measured}x)" if measured is not None else "")
+            + "; the result keeps the default schedules; try a larger trials.total")
+
+
+def result_fields(summary: dict[str, Any]) -> dict[str, Any]:
+    """The merge summary's figures in the job's status: the delivered model's latency and
+    speed-up (1.0 when tuning did not beat the defaults), and which tasks kept their defaults."""
+    out: dict[str, Any] = {"bestSpeedup": summary.get("speedup"), "untunedLatencyMs": summary.get("latency_untuned_ms"),
+                           "tunedLatencyMs": summary.get("latency_tuned_ms"), "trialsCompleted": summary.get("records"),
+                           "improved": improved(summary)}
+    if summary.get("speedup_of_records") is not None:
+        out["recordsSpeedup"] = summary["speedup_of_records"]
+    for key, field_ in (("tasks_left_at_default", "tasksLeftAtDefault"), ("tasks_default_won", "tasksDefaultWon")):
+        if summary.get(key) is not None:
+            out[field_] = [str(t) for t in summary[key]]
+    return out
+
+
+def improved_condition(conditions: list[dict[str, Any]], summary: dict[str, Any],
+                       generation: int | None) -> list[dict[str, Any]]:
+    """The ``Improved`` condition: True when the result is faster than the untuned model."""
+    if improved(summary):
+        return condition(conditions, "Improved", "True", "FasterThanUntuned", result_message(summary), generation)
+    return condition(conditions, "Improved", "False", "NotFasterThanUntuned", result_message(summary), generation)
+
+
 def next_phase(current: str | None, obs: Observed, shards: int) -> tuple[str, str, str]:
     """(phase, reason, message) the job should be in now."""
     if current in FINAL:
@@ -130,8 +170,7 @@ def next_phase(current: str | None, obs: Observed, shards: int) -> tuple[str, st
     if obs.merge_succeeded:
         if obs.summary is None:
             return FAILED, "ResultMissing", "the merge job succeeded but its summary is not in the output store"
-        return SUCCEEDED, "Merged", (f"{obs.summary.get('records')} trials merged; "
-                                     f"{obs.summary.get('speedup')}x faster than untuned")
+        return SUCCEEDED, "Merged", f"{obs.summary.get('records')} trials merged; {result_message(obs.summary)}"
     if obs.clients_succeeded >= shards:
         return MERGING, "ShardsDone", f"all {shards} shards done; merging"
     if obs.daemon_unschedulable:
