@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -73,7 +74,7 @@ def run(a: argparse.Namespace) -> int:
         console.print(f"tuning done in {tune_s:.0f}s; merging and measuring ...")
         summary = lr.merge()
     except (RuntimeError, KeyboardInterrupt) as e:
-        console.print(f"[red]failed:[/red] {e}")
+        console.print(f"[red]failed:[/red] {escape(str(e))}")
         return 1
     finally:
         lr.stop_all()

@@ -31,7 +31,7 @@ from sharetune.api.topology import SUMMARY_FILE
 
 from . import records
 from .errors import TunerError
-from .model import LoadedModel, load_for_spec
+from .model import LoadedModel, load_for_spec, model_errors
 from .partition import budgets, useful_minimum
 from .targets import device_for, make_target
 from .tasks import extract
@@ -230,8 +230,9 @@ def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> 
     kept = [v["record"] for v in verdicts.values() if v["winner"] == TUNED]
     write_db(out / "best", kept)
 
-    untuned = compile_with(None, model, target)
-    ref = run_once(untuned, model, x, dev)
+    with model_errors(f"TVM cannot compile {model.name}"):  # the model's problem, not the records'
+        untuned = compile_with(None, model, target)
+        ref = run_once(untuned, model, x, dev)
     tuned, err, lat_tuned = None, 0.0, None
     if kept:
         tuned = compile_with(out / "best", model, target)

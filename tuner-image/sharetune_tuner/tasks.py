@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import ModelError
+from .model import PASS_ATTR, model_errors
 from .partition import TaskInfo
 
 
@@ -31,18 +34,56 @@ def fuse_like_compile_relax(mod: Any, target: Any) -> Any:
         dispatch = []
     seq = [*dispatch, relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
            relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
-    with target, tvm.transform.PassContext(opt_level=3):
-        return tvm.transform.Sequential(seq)(mod)
+    running = _running_passes_class()()
+    try:
+        with target, tvm.transform.PassContext(opt_level=3, instruments=[running]):
+            return tvm.transform.Sequential(seq)(mod)
+    except Exception as e:  # tell model_errors which pass it escaped from
+        if running.innermost():
+            setattr(e, PASS_ATTR, running.innermost())
+        raise
+
+
+@functools.cache
+def _running_passes_class() -> Any:
+    """A pass instrument class (made on first use: tvm is imported lazily)."""
+    import tvm
+
+    @tvm.instrument.pass_instrument
+    class RunningPasses:
+        """The passes entered and not yet left: after a failure, the one that failed."""
+
+        def __init__(self) -> None:
+            self.stack: list[str] = []
+
+        def run_before_pass(self, mod: Any, info: Any) -> None:
+            self.stack.append(str(info.name))
+
+        def run_after_pass(self, mod: Any, info: Any) -> None:
+            if self.stack:
+                self.stack.pop()
+
+        def innermost(self) -> str | None:
+            names = [n for n in self.stack if n.lower() != "sequential"]
+            return names[-1] if names else None
+
+    return RunningPasses
 
 
 def extract(mod: Any, target: Any) -> list[Task]:
-    """Tasks of an unfused model module (``LoadedModel.mod``)."""
+    """Tasks of an unfused model module (``LoadedModel.mod``). A model TVM cannot lower (a pass
+    or an operator's legalisation fails) raises :class:`ModelError` naming the pass or operator:
+    the same failure every time, not a fault to retry."""
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.analysis import estimate_tir_flops
 
+    with model_errors("cannot extract tuning tasks"):
+        extracted = list(ms.relax_integration.extract_tasks(fuse_like_compile_relax(mod, target), target))
+    if not extracted:
+        raise ModelError("the model has no tunable tasks (no operator TVM lowers to a kernel)")
     out = []
-    for t in ms.relax_integration.extract_tasks(fuse_like_compile_relax(mod, target), target):
+    for t in extracted:
         wl = t.dispatched[0]
         try:
             flops = float(estimate_tir_flops(wl))
