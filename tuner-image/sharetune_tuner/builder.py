@@ -18,6 +18,7 @@ from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
 from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _worker_func
 from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
 
+from . import nvrtc
 from .build_protocol import ARTIFACT_DIR_ENV
 
 
@@ -31,6 +32,8 @@ def build_without_intrinsics(mod: Any, target: Any, _params: Any) -> Any:
     from tvm.driver import build as tvm_build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
+    if target.kind.name == "cuda":
+        nvrtc.install()  # once per worker: its PCH then serves every later build (nvrtc.py)
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     return tvm_build(mod, target=target)
 
