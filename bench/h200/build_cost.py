@@ -146,8 +146,46 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "cpu_s": cpu}
 
 
+def summarize(out_path: Path) -> dict[str, Any]:
+    """``h200-build-cost.json`` from the cells: per run and task, the CPU-s per candidate before
+    (stock) and after (hoist-pch), and the headline cell's trials/s with each NVRTC mode."""
+    runs = {}
+    for cid, c in load_cells(CELLS).items():
+        if "stock" not in c.get("modes", {}) or "hoist-pch" not in c["modes"]:
+            continue
+        before, after = c["modes"]["stock"], c["modes"]["hoist-pch"]
+        runs[cid] = {
+            "candidates": before["n"], "cubins_identical": after.get("cubin_same_as_stock"),
+            "cubins_differ": after.get("cubin_differs"),
+            "cpu_s_median": {"before": before["cpu_s_median"], "after": after["cpu_s_median"]},
+            "cpu_s_p10_p90": {"before": [before["cpu_s_p10"], before["cpu_s_p90"]],
+                              "after": [after["cpu_s_p10"], after["cpu_s_p90"]]},
+            "nvrtc_cpu_s_median": {"before": before["nvrtc_cpu_s_median"], "after": after["nvrtc_cpu_s_median"]},
+            "per_task_cpu_s_median": {t: {"before": v, "after": after["per_task_cpu_s_median"].get(t)}
+                                      for t, v in before["per_task_cpu_s_median"].items()},
+            "cpu_s_distribution": {"before": sorted(before["cpu_s"]), "after": sorted(after["cpu_s"])},
+        }
+    cells = {}
+    for cid, c in load_cells("h200-cells.jsonl").items():
+        if cid.endswith("-r10") and "-nv" in cid:
+            cells[cid] = {"nvrtc_mode": "stock" if "nvstock" in cid else "hoist-pch", "wall_s": c["wall_s"],
+                          "trials_per_s": c["trials_per_s"], "cpu_util_mean": c["cpu_util_mean"],
+                          "gpu_util_mean": c["gpu_util_mean"],
+                          "intrinsics_built_in_cell": any(p.get("intrinsics") == "built"
+                                                          for p in c.get("client_startup") or [])}
+    gm = lambda xs: round(statistics.geometric_mean(xs), 3) if xs else None  # noqa: E731
+    st = [v["trials_per_s"] for v in cells.values() if v["nvrtc_mode"] == "stock"]
+    pc = [v["trials_per_s"] for v in cells.values() if v["nvrtc_mode"] == "hoist-pch"]
+    summary = {"runs": runs, "headline_cell": {"cells": cells, "trials_per_s_geomean": {"stock": gm(st), "hoist-pch": gm(pc)},
+                                               "ratio_geomean": round(gm(pc) / gm(st), 3) if st and pc else None,
+                                               "ratio_worst": round(min(pc) / max(st), 3) if st and pc else None}}
+    out_path.write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--summarize", action="store_true", help="write bench/results/h200-build-cost.json and exit")
     ap.add_argument("--id", default="build-cost")
     ap.add_argument("--models", default="resnet18,resnet50")
     ap.add_argument("--conv-tasks", type=int, default=3)
@@ -157,6 +195,11 @@ def main() -> int:
     ap.add_argument("--worker", nargs=4, metavar=("MODE", "CANDS", "OUT", "ART"))
     ap.add_argument("--force", action="store_true")
     a = ap.parse_args()
+    if a.summarize:
+        from common import RESULTS
+
+        summarize(RESULTS / "h200-build-cost.json")
+        return 0
     if a.worker:
         worker(a.worker[0], Path(a.worker[1]), Path(a.worker[2]), Path(a.worker[3]))
         return 0
