@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Installs everything sharetune needs, idempotently: the Python environment (.venv) and the pinned
-# Kubernetes binaries built from source (cached in ~/.cache/sharetune/bin, keyed by version).
+# The test command's installer (.ci/run = CI), idempotent: system packages the tests use
+# (Prometheus), .venv with sharetune, all its extras and the developer tooling (devtools/), and the
+# pinned Kubernetes binaries built from source with Go (cached in ~/.cache/sharetune/bin, keyed by
+# version). Quiet: one line per step, the details in build/install/setup.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. .ci/install-common.sh
 
 need() { command -v "$1" >/dev/null 2>&1; }
 # Debian packages: only what this kind of machine may lack. Go must be >= 1.25 (Kubernetes 1.35):
@@ -12,27 +15,32 @@ need git || missing+=(git)
 need curl || missing+=(curl)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
 need prometheus || missing+=(prometheus)  # a real Prometheus (and promtool) for the monitoring tests
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "[setup] apt-get install ${missing[*]}"
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
-fi
 if ! need go; then
-  echo "[setup] Go is required (>= 1.25) to build the pinned Kubernetes binaries" >&2
+  echo "Go (>= 1.25) is required on the PATH to build the pinned Kubernetes binaries" >&2
   exit 1
 fi
-python3 -c 'import sys; assert sys.version_info >= (3, 11), sys.version' || { echo "Python >= 3.11 required" >&2; exit 1; }
+need_python
 
-if [ ! -x .venv/bin/python ]; then
-  echo "[setup] creating .venv"
-  python3 -m venv .venv
+install_begin setup 4
+if [ ${#missing[@]} -gt 0 ]; then
+  apt_install() {
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+  }
+  step "apt-get install ${missing[*]}" apt_install
+else
+  skip "system packages (git, curl, python3-venv, prometheus)" "present"
 fi
-stamp=.venv/.sharetune-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ devtools/pyproject.toml -nt "$stamp" ]; then
+venv_step
+label="installing sharetune[operator,tuner,bench] and devtools"
+if stamp_fresh "$STAMP_FULL" pyproject.toml devtools/pyproject.toml; then
+  skip "$label" "up to date"
+else
   # The product with its extras and the developer tooling (devtools/, sharetune-dev), resolved together.
-  echo "[setup] pip install -e .[operator,tuner,bench] -e ./devtools"
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[operator,tuner,bench]' -e ./devtools
-  touch "$stamp"
+  full_pip() {
+    pip_install --upgrade pip && pip_install -e '.[operator,tuner,bench]' -e ./devtools && touch "$STAMP_FULL"
+  }
+  step "$label" full_pip
 fi
-echo "[setup] pinned binaries (built from source on first use, then cached)"
-.venv/bin/python -m sharetune_dev.cluster.binaries
+step "pinned Kubernetes binaries (built with Go on first use: ~10 min; then cached)" \
+  .venv/bin/python -m sharetune_dev.cluster.binaries

@@ -27,11 +27,16 @@ if os.environ.get("BENCH_POP_PER_CAND"):
     _per = int(os.environ["BENCH_POP_PER_CAND"])
     _strategy = client.search_strategy
 
-    def _sized(cfg):  # type: ignore[no-untyped-def]
+    def _sized(cfg, *args):  # type: ignore[no-untyped-def]
         cfg.population_size = max(64, min(512, _per * cfg.trials_per_iter))
-        return _strategy(cfg)
+        return _strategy(cfg, *args)
 
     client.search_strategy = _sized
+
+# Sweep knob (BENCH_COLD_SEARCH=replay|evolutionary): the client's search while its cost model is
+# cold (client.cold_search_applies); unset = the client's default.
+if os.environ.get("BENCH_COLD_SEARCH"):
+    os.environ["SHARETUNE_COLD_SEARCH"] = os.environ["BENCH_COLD_SEARCH"]
 
 if __name__ == "__main__":
     from sharetune_tuner.cli import main

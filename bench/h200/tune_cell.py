@@ -28,6 +28,22 @@ def _records(db: Path) -> list[Any]:
     return read_lines(db / RECORDS)
 
 
+def _best_us(dbs: list[Path]) -> dict[str, float]:
+    """Best measured latency (us) per task (workload hash) over the cell's databases: the search
+    quality a cell reached, compared between arms that differ only in search."""
+    from sharetune_tuner.records import RECORDS, WORKLOADS, read_lines
+
+    best: dict[str, float] = {}
+    for db in dbs:
+        hashes = [str(w[0]) for w in read_lines(db / WORKLOADS)]
+        for idx, body in read_lines(db / RECORDS):
+            secs = [float(x) for x in (body[1] or [])]
+            if secs and sum(secs) / len(secs) < 1e9 and idx < len(hashes):
+                us = sum(secs) / len(secs) * 1e6
+                best[hashes[idx]] = round(min(us, best.get(hashes[idx], us)), 3)
+    return best
+
+
 def _failed(recs: list[Any]) -> int:
     n = 0
     for _, body in recs:
@@ -213,6 +229,9 @@ def main() -> int:
         "started_at": t0, "wall_s": round(t1 - t0, 2),
         "first_record_s": round(first - t0, 2), "last_record_s": round(last - t0, 2),
         "records": len(recs), "failed": _failed(recs),
+        "best_us": _best_us([Path(d) for d in r["db_dirs"]]),
+        # r11 ran with replay as the client's default; the default is evolutionary since
+        "search": os.environ.get("BENCH_COLD_SEARCH") or "client default",
         "trials_per_s": round(len(recs) / (t1 - t0), 4),
         "trials_per_s_tuning_span": round(len(recs) / max(last - first, 1e-9), 4),
         **sampler.summary(t0, t1),

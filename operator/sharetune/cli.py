@@ -5,11 +5,20 @@ entry points: the product never imports them)."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
 
+from . import smoke
+
 COMMANDS_GROUP = "sharetune.commands"  # each entry point: a callable add_parser(sub)
+# The subcommands other distributions of this repository add: command -> (help, distribution, how to
+# install it). The quickstart's install (.ci/install-quick) has none of them.
+KNOWN_COMMANDS = {
+    "cluster": ("a local Kubernetes control plane for development (sharetune-dev)", "the developer tooling "
+                "(sharetune-dev)", "pip install -e ./devtools in a sharetune checkout (or: bash .ci/setup.sh)"),
+}
 
 
 def _missing_module(e: ModuleNotFoundError) -> str | None:
@@ -20,11 +29,12 @@ def _missing_module(e: ModuleNotFoundError) -> str | None:
     return e.name
 
 
-def _unavailable(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", cmd: str, help: str, module: str,
+def _unavailable(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", cmd: str, help: str, why: str,
                  install: str) -> None:
-    """``cmd`` without what it needs: still listed, and running it says what to install."""
+    """``cmd`` without what it needs: still listed, and running it says in one line what is missing
+    (``why``) and what to install."""
     def run(_: argparse.Namespace) -> int:
-        print(f"sharetune {cmd}: Python module {module!r} is missing; install it with: {install}", file=sys.stderr)
+        print(f"sharetune {cmd}: {why}; install it with: {install}", file=sys.stderr)
         return 2
     # Any arguments (the real command's flags included, --help too) reach the message.
     p = sub.add_parser(cmd, help=f"{help} [unavailable: {install}]", add_help=False, prefix_chars="\0")
@@ -32,27 +42,30 @@ def _unavailable(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", cmd
     p.set_defaults(func=run)
 
 
-def _add(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", cmd: str, help: str, install: str,
-         load: Callable[[], Callable[..., None]]) -> None:
-    try:
-        add_parser = load()
-    except ModuleNotFoundError as e:
-        module = _missing_module(e)
-        if module is None:
-            raise
-        _unavailable(sub, cmd, help, module, install)
+def _add(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", commands: dict[str, str], install: str,
+         load: Callable[[], Callable[..., None]], needs: tuple[str, ...] = ()) -> None:
+    """Adds the commands ``load`` brings (``commands``: name -> help), or, when a module they need is
+    missing, lists each of them with what to install. ``needs``: the modules they import only when
+    they run (looked up, not imported: `sharetune --help` stays fast)."""
+    module = next((m for m in needs if importlib.util.find_spec(m) is None), None)
+    if module is None:
+        try:
+            add_parser = load()
+        except ModuleNotFoundError as e:
+            module = _missing_module(e)
+            if module is None:
+                raise
+    if module is not None:
+        for cmd, help in commands.items():
+            _unavailable(sub, cmd, help, f"Python module {module!r} is missing", install)
         return
     add_parser(sub)
 
 
 def _operator() -> Callable[..., None]:
     from .controller import main as operator_main
-    from . import smoke
 
-    def add(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-        operator_main.add_parser(sub)
-        smoke.add_parser(sub)
-    return add
+    return operator_main.add_parser
 
 
 def _run() -> Callable[..., None]:
@@ -61,18 +74,33 @@ def _run() -> Callable[..., None]:
     return local_cli.add_parser
 
 
+def _result() -> Callable[..., None]:
+    from sharetune_tuner import result_cli  # compiling the tuned model needs TVM
+
+    return result_cli.add_parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sharetune", description="GPU-shared DNN autotuning on Kubernetes")
     sub = p.add_subparsers(dest="cmd", required=True)
     # The operator needs the `operator` extra (kopf, kubernetes).
-    _add(sub, "operator", "run the TuningJob operator (kopf)", "pip install 'sharetune[operator]'", _operator)
+    _add(sub, {"operator": "run the TuningJob operator (kopf)"}, "pip install 'sharetune[operator]'", _operator,
+         needs=("kopf", "kubernetes"))
+    smoke.add_parser(sub)  # imports the kubernetes client (in both extras) only when it runs
     # Local mode needs the `tuner` extra (TVM, rich ...).
-    _add(sub, "run", "run a TuningJob (local mode: as processes on this machine)",
-         "pip install 'sharetune[tuner]'", _run)
+    _add(sub, {"run": "run a TuningJob (local mode: as processes on this machine)"},
+         "pip install 'sharetune[tuner]'", _run, needs=("tvm",))
+    _add(sub, {"result": "fetch a job's best records, or compile the model with them"},
+         "pip install 'sharetune[tuner]'", _result)
     # Subcommands of other installed distributions (sharetune-dev: `cluster`).
-    for ep in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+    found = sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name)
+    for ep in found:
         dist = ep.dist.name if ep.dist is not None else ep.value.split(".")[0]
-        _add(sub, ep.name, f"from {dist}", f"pip install '{dist}'", ep.load)
+        _add(sub, {ep.name: f"from {dist}"}, f"pip install '{dist}'", ep.load)
+    # The known ones whose distribution is not installed: listed, and they say what to install.
+    for cmd, (help, dist, install) in KNOWN_COMMANDS.items():
+        if cmd not in {ep.name for ep in found}:
+            _unavailable(sub, cmd, help, f"it comes with {dist}, which is not installed", install)
     return p
 
 

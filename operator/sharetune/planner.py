@@ -20,6 +20,7 @@ Privileges, kept minimal and stated:
 from __future__ import annotations
 
 import copy
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ from .api.topology import (GPU_INDEX_LABEL, JOB_MANIFEST, METRICS_PORT, MODEL_DI
                            POD_WORK_DIR, SERVER_PORT, TRACKER_PORT, ChildNames, configmap_uri, gpu_groups, in_group)
 from .api.topology import result_location as _result_location
 from .api.topology import store_uri as _store_uri
+from .api.topology import BUILD_AUTHKEY_FILE_ENV, BUILD_KEY_DIR, BUILD_KEY_FILE, BUILD_PORT
 
 TUNER_UID = 1000
 DEFAULT_IMAGE = "localhost/sharetune-tuner:0.1.0"
@@ -219,6 +221,7 @@ def plan(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE) -> list[d
         objs += [_mps_daemon(job, spec, image, g) for g in gpu_groups(spec)]
     objs += _tracker(job, spec, image)
     objs += [_servers(job, spec, image, g) for g in gpu_groups(spec)]
+    objs += _builders(job, spec, image)  # before the clients: their workers warm up meanwhile
     objs.append(_clients(job, spec, image))
     return objs
 
@@ -317,19 +320,85 @@ def _clients(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
     n = ChildNames(job.name)
     vol, mount = _job_spec_volume(job)
     args = commands.client(JOB_MANIFEST, f"{POD_WORK_DIR}/shard", _tracker_addr(job), job.name, spec.total_servers,
-                           store=store_uri(job, spec), progress=_progress_uri(job, spec), metrics_port=METRICS_PORT)
+                           store=store_uri(job, spec), progress=_progress_uri(job, spec), metrics_port=METRICS_PORT,
+                           build_service=_builders_addr(job, spec))
     mvols, mmounts, menv = _model_volume(spec)
     c = _container(spec, image, "client", args, env=_store_env(spec) + menv,
                    resources=spec.raw.get("clients", {}).get("resources"),
                    mounts=[mount, {"name": "work", "mountPath": POD_WORK_DIR}, *mmounts], probe=False)
     pod = _pod_spec(spec, [c], volumes=[vol, {"name": "work", "emptyDir": {}}, *mvols],
                     service_account=n.service_account, restartPolicy="Never")
+    _mount_build_key(job, spec, pod)
+    # An elastic Indexed Job (completions == parallelism): the operator scales it down to the
+    # shards that have a task to tune once a client reports them (reconcile.clamp_clients).
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job, n.clients, "client"),
             "spec": {"completionMode": "Indexed", "completions": spec.shards, "parallelism": spec.shards,
                      "backoffLimitPerIndex": spec.backoff_limit_per_index,
                      # A bad spec, model or output fails its index at once: retrying cannot fix it.
                      "podFailurePolicy": _fail_fast("client", "FailIndex"),
                      "template": {"metadata": {"labels": labels(job.name, "client")}, "spec": pod}}}
+
+
+# ---- the build pool (spec.builders; docs/build-pool.md) ------------------------------------------
+def _builders_addr(job: JobRef, spec: TuningJobSpec) -> str | None:
+    """The clients' --build-service: the headless Service's name, which resolves to every ready
+    builder pod (the clients spread each batch over them)."""
+    return f"{ChildNames(job.name).builders}:{BUILD_PORT}" if spec.builders is not None else None
+
+
+def _mount_build_key(job: JobRef, spec: TuningJobSpec, pod: dict[str, Any]) -> None:
+    """The job's build key, as a read-only file in the pod's first container (never in its spec,
+    args or env: the env holds only the file's path)."""
+    if spec.builders is None:
+        return
+    pod["volumes"].append({"name": "build-key", "secret": {"secretName": ChildNames(job.name).build_key}})
+    c = pod["containers"][0]
+    c["volumeMounts"].append({"name": "build-key", "mountPath": BUILD_KEY_DIR, "readOnly": True})
+    c["env"].append({"name": BUILD_AUTHKEY_FILE_ENV, "value": f"{BUILD_KEY_DIR}/{BUILD_KEY_FILE}"})
+
+
+def _builders(job: JobRef, spec: TuningJobSpec, image: str) -> list[dict[str, Any]]:
+    """The job's build pool: its key Secret, the builders' Deployment (CPU nodes: the builders'
+    own nodeSelector/tolerations, not the job's GPU placement), a headless Service and, with
+    ``autoscale``, a HorizontalPodAutoscaler on their CPU utilisation."""
+    b = spec.builders
+    if b is None:
+        return []
+    n = ChildNames(job.name)
+    # Random, made once: the operator creates the Secret once (409 = kept), so a later plan's
+    # different key is never applied. Only the clients and builders of this job mount it.
+    key = {"apiVersion": "v1", "kind": "Secret", "metadata": _meta(job, n.build_key, "build-key"), "type": "Opaque",
+           "stringData": {BUILD_KEY_FILE: secrets.token_urlsafe(32)}}
+    args = commands.build_service(f"0.0.0.0:{BUILD_PORT}", metrics_port=METRICS_PORT, workers=b.workers)
+    c = _container(spec, image, "builder", args, resources=b.resources or None)
+    c["ports"].append({"name": "build", "containerPort": BUILD_PORT})
+    # Ready = listening: a batch sent during the workers' warm-up just queues behind it.
+    c["readinessProbe"] = {"tcpSocket": {"port": "build"}, "periodSeconds": 2}
+    pod = _pod_spec(spec, [c])
+    pod.pop("tolerations", None)
+    if b.tolerations:
+        pod["tolerations"] = copy.deepcopy(b.tolerations)
+    if b.node_selector:
+        pod["nodeSelector"] = dict(b.node_selector)
+    _mount_build_key(job, spec, pod)
+    a = b.autoscale
+    replicas = b.replicas if a is None else min(max(b.replicas, a.min_replicas), a.max_replicas)
+    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(job, n.builders, "builder"),
+           "spec": {"replicas": replicas, "selector": {"matchLabels": selector(job.name, "builder")},
+                    "template": {"metadata": {"labels": labels(job.name, "builder")}, "spec": pod}}}
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": _meta(job, n.builders, "builder"),
+           "spec": {"clusterIP": "None", "selector": selector(job.name, "builder"),
+                    "ports": [{"name": "build", "port": BUILD_PORT, "targetPort": "build"},
+                              {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}]}}
+    objs = [key, dep, svc]
+    if a is not None:
+        objs.append({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+                     "metadata": _meta(job, n.builders, "builder"),
+                     "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": n.builders},
+                              "minReplicas": a.min_replicas, "maxReplicas": a.max_replicas,
+                              "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {
+                                  "type": "Utilization", "averageUtilization": a.target_cpu_percent}}}]}})
+    return objs
 
 
 def _fail_fast(container: str, action: str) -> dict[str, Any]:
@@ -339,15 +408,17 @@ def _fail_fast(container: str, action: str) -> dict[str, Any]:
                                                           "values": sorted(int(c) for c in PERMANENT)}}]}
 
 
-def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE) -> dict[str, Any]:
+def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, shards: int | None = None
+               ) -> dict[str, Any]:
     """The merge Job, created once every shard is done. On a GPU job it measures the tuned model
-    on the job's GPU as one more MPS client at 100%."""
+    on the job's GPU as one more MPS client at 100%. ``shards``: the shards the clients ran when
+    fewer than ``clients.shards`` had a task (the clamp); the ones dropped hold no records."""
     image = spec.raw.get("image") or image
     n = ChildNames(job.name)
     vol, mount = _job_spec_volume(job)
-    args = commands.merge(JOB_MANIFEST, f"{POD_WORK_DIR}/out", store=store_uri(job, spec), shards=spec.shards,
-                          result_configmap=spec.output.config_map, progress=_progress_uri(job, spec),
-                          metrics_port=METRICS_PORT)
+    args = commands.merge(JOB_MANIFEST, f"{POD_WORK_DIR}/out", store=store_uri(job, spec),
+                          shards=shards or spec.shards, result_configmap=spec.output.config_map,
+                          progress=_progress_uri(job, spec), metrics_port=METRICS_PORT)
     mvols, mmounts, menv = _model_volume(spec)
     env = _store_env(spec) + menv
     volumes = [vol, {"name": "work", "emptyDir": {}}, *mvols]

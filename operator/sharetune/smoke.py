@@ -24,6 +24,17 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     p.set_defaults(func=run)
 
 
+def result_worth(status: dict[str, Any]) -> str:
+    """What the result is worth, as the operator worded it in the job's Improved condition (a
+    speed-up, or that tuning did not beat the defaults): never "1.0x faster"."""
+    for c in status.get("conditions") or []:
+        if c.get("type") == "Improved" and c.get("message"):
+            return str(c["message"])
+    if status.get("improved") is False or float(status.get("bestSpeedup") or 0) <= 1:
+        return "not faster than untuned"
+    return f"{status.get('bestSpeedup')}x faster than untuned"
+
+
 def run(a: argparse.Namespace) -> int:
     from kubernetes import client, config
 
@@ -47,8 +58,7 @@ def run(a: argparse.Namespace) -> int:
         status = api.get_namespaced_custom_object(API_GROUP, API_VERSION, a.namespace, "tuningjobs",
                                                   a.name).get("status") or {}
         if status.get("phase") == "Succeeded":
-            print(f"{a.name} succeeded: {status.get('trialsCompleted')} trials, "
-                  f"{status.get('bestSpeedup')}x faster than untuned")
+            print(f"{a.name} succeeded: {status.get('trialsCompleted')} trials, {result_worth(status)}")
             return 0
         if status.get("phase") == "Failed":
             print(f"{a.name} failed: {status.get('message')}", file=sys.stderr)

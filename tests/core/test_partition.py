@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharetune_tuner.partition import TaskInfo, budgets, left_at_default, order, partition, shard_of, useful_minimum
+from sharetune_tuner.partition import (TaskInfo, budgets, left_at_default, order, partition, shard_of, to_tune,
+                                       useful_minimum, useful_shards)
 
 
 def tasks_from(costs: list[tuple[float, int]]) -> list[TaskInfo]:
@@ -124,3 +125,34 @@ def test_order_and_shard_index_errors() -> None:
         shard_of(tasks, 2, 2)
     with pytest.raises(ValueError):
         partition(tasks, 0)
+
+
+@given(task_lists, st.integers(1, 3000), st.integers(1, 64), st.integers(1, 16), st.integers(1, 40), st.randoms())
+@settings(max_examples=100, deadline=None)
+def test_only_the_highest_shards_are_left_empty(costs, total, cap, minimum, shards, rnd) -> None:  # type: ignore[no-untyped-def]
+    """What the clamp relies on: the shards with a task are exactly 0..useful_shards-1 (an elastic
+    Indexed Job scaled down drops the highest indexes), the same in every client, and the tasks
+    with trials sit where they did when the tasks left at default were partitioned too (a resumed
+    shard still finds its records' tasks)."""
+    tasks = tasks_from(costs)
+    b = budgets(tasks, total, cap, minimum)
+    tuned = to_tune(tasks, b)
+    assert tuned and all(b[t.key] > 0 for t in tuned) and len(tuned) + len(left_at_default(b)) == len(tasks)
+    assert len(tuned) <= -(-total // min(minimum, cap))  # whatever the model: a bound from the spec alone
+    bins = partition(tuned, shards)
+    n = useful_shards(bins)
+    assert n == min(len(tuned), shards)
+    assert all(bins[:n]) and not any(bins[n:])
+    shuffled = tasks[:]
+    rnd.shuffle(shuffled)
+    assert partition(to_tune(shuffled, b), shards) == bins  # every client computes the same
+    keys = {t.key for t in tuned}
+    assert [[t for t in s if t.key in keys] for s in partition(tasks, shards)] == bins
+
+
+def test_the_quickstart_model_on_more_shards_than_tasks() -> None:
+    # tiny_cnn's 8 tasks, 48 trials of 12 per task: 4 tasks get trials, so 12 shards clamp to 4.
+    tasks = tasks_from([(75628544, 1), (37879808, 1), (7340032, 1), (65600, 1), (1290, 1), (0, 2), (0, 1), (0, 1)])
+    tuned = to_tune(tasks, budgets(tasks, 48, 12, useful_minimum(12, 4)))
+    assert useful_shards(partition(tuned, 12)) == 4 and useful_shards(partition(tuned, 3)) == 3
+    assert useful_shards(partition([], 5)) == 1  # nothing to tune: one client still runs (and the merge says so)

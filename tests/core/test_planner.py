@@ -188,3 +188,70 @@ def test_permanent_user_errors_are_not_retried() -> None:
     merge = plan_merge(JOB, s)
     assert merge["spec"]["podFailurePolicy"]["rules"][0]["action"] == "FailJob"
     assert merge["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["containerName"] == "merge"
+
+
+def test_a_clamped_job_merges_the_shards_it_kept() -> None:
+    """The clients' Job is elastic (completions == parallelism, so the operator may scale both
+    down together), and the merge reads as many shards as the clamp kept."""
+    s = parse_spec("tj", {"model": {"name": "tiny_cnn"}, "clients": {"shards": 12}})
+    clients = next(o for o in plan(JOB, s) if o["kind"] == "Job")
+    assert clients["spec"]["completions"] == clients["spec"]["parallelism"] == 12
+    args = containers(plan_merge(JOB, s))[0]["args"]
+    assert args[args.index("--shards") + 1] == "12"
+    args = containers(plan_merge(JOB, s, shards=4))[0]["args"]
+    assert args[args.index("--shards") + 1] == "4"
+
+
+def test_builders_pool_pods_key_and_autoscaler() -> None:
+    """spec.builders: a key Secret, builder pods on CPU nodes behind a headless Service, an HPA;
+    the clients reach them by the Service's name and read the key from the mounted Secret."""
+    from sharetune_tuner.cli import build_parser
+
+    s = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda", "nodeSelector": {"gpu": "h200"},
+                          "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                          "builders": {"replicas": 3, "workers": 6, "nodeSelector": {"pool": "cpu"},
+                                       "tolerations": [{"key": "cpu-only", "operator": "Exists"}],
+                                       "resources": {"requests": {"cpu": "6"}, "limits": {"cpu": "6"}},
+                                       "autoscale": {"minReplicas": 2, "maxReplicas": 8}}})
+    objs = plan(JOB, s)
+    named = {(o["kind"], o["metadata"]["name"]): o for o in objs}
+    key = named["Secret", "tj-build-key"]
+    assert len(key["stringData"]["authkey"]) >= 32
+    dep, svc = named["Deployment", "tj-builders"], named["Service", "tj-builders"]
+    hpa = named["HorizontalPodAutoscaler", "tj-builders"]
+    assert [o["kind"] for o in objs].index("Deployment") < [o["kind"] for o in objs].index("Job")
+    pod, c = pod_spec(dep), containers(dep)[0]
+    args = build_parser().parse_args(c["args"])
+    assert (args.cmd, args.listen, args.workers, args.metrics_port) == ("build-service", "0.0.0.0:9192", 6, 9400)
+    assert dep["spec"]["replicas"] == 3 and c["resources"] == {"requests": {"cpu": "6"}, "limits": {"cpu": "6"}}
+    # CPU nodes: the builders' placement, not the job's GPU one; no GPU, no API identity.
+    assert pod["nodeSelector"] == {"pool": "cpu"} and pod["tolerations"] == [{"key": "cpu-only", "operator": "Exists"}]
+    assert "affinity" not in pod and "gpu" not in str(c.get("resources")) and not pod["automountServiceAccountToken"]
+    assert c["securityContext"]["runAsNonRoot"] and c["readinessProbe"] == {"tcpSocket": {"port": "build"},
+                                                                           "periodSeconds": 2}
+    assert svc["spec"]["clusterIP"] == "None"  # headless: the name resolves to every ready builder
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    assert {p["port"] for p in svc["spec"]["ports"]} == {9192, 9400}
+    assert hpa["apiVersion"] == "autoscaling/v2" and hpa["spec"]["scaleTargetRef"]["name"] == "tj-builders"
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 8)
+    assert hpa["spec"]["metrics"][0]["resource"]["target"] == {"type": "Utilization", "averageUtilization": 80}
+    # The key: a mounted file for clients and builders alike, never a value in a pod's spec.
+    client_job = named["Job", "tj-clients"]
+    for o in (dep, client_job):
+        p, cc = pod_spec(o), containers(o)[0]
+        assert {"name": "build-key", "secret": {"secretName": "tj-build-key"}} in p["volumes"]
+        assert {"name": "build-key", "mountPath": "/etc/sharetune/build-key", "readOnly": True} in cc["volumeMounts"]
+        assert {"name": "SHARETUNE_BUILD_AUTHKEY_FILE", "value": "/etc/sharetune/build-key/authkey"} in cc["env"]
+        assert key["stringData"]["authkey"] not in str(o)
+    assert build_parser().parse_args(containers(client_job)[0]["args"]).build_service == "tj-builders:9192"
+
+
+def test_no_builders_section_no_pool() -> None:
+    s = parse_spec("tj", {"model": {"name": "tiny_cnn"}})
+    objs = plan(JOB, s)
+    assert not [o for o in objs if o["kind"] in ("Secret", "HorizontalPodAutoscaler")]
+    assert not [o for o in objs if o["metadata"]["name"] == "tj-builders"]
+    job = next(o for o in objs if o["kind"] == "Job")
+    assert "--build-service" not in containers(job)[0]["args"] and "build-key" not in str(job)
+    s = parse_spec("tj", {"model": {"name": "tiny_cnn"}, "builders": {"replicas": 2}})
+    assert not [o for o in plan(JOB, s) if o["kind"] == "HorizontalPodAutoscaler"]  # no autoscale: fixed replicas

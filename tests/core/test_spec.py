@@ -49,3 +49,54 @@ def test_manifest_errors() -> None:
         load_job({"apiVersion": "sharetune.io/v1alpha1", "kind": "TuningJob", "spec": {}})
     with pytest.raises(SpecError, match="not valid YAML"):
         load_job("a: [unclosed")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"model": {"name": "r"}, "trails": {"total": 8}}, "spec.trails: unknown field; did you mean spec.trials?"),
+    ({"model": {"name": "r"}, "clients": {"shard": 2}},
+     "spec.clients.shard: unknown field; did you mean spec.clients.shards?"),
+    ({"model": {"onnx": {"url": "http://h/m.onnx", "sha": "x"}}},
+     "spec.model.onnx.sha: unknown field; the fields of spec.model.onnx are configMap, path, pvc, url"),
+])
+def test_unknown_fields_are_named_with_the_nearest_known_one(spec, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SpecError) as e:
+        parse_spec("j", spec)
+    assert str(e.value) == message
+    with pytest.raises(SpecError, match=r"^specs: unknown field; did you mean spec\?$"):
+        load_job({"apiVersion": "sharetune.io/v1alpha1", "kind": "TuningJob", "metadata": {"name": "x"}, "specs": {}})
+
+
+def test_known_fields_are_the_crds() -> None:
+    """The parser's table of fields (FIELDS) is the CRD's schema, section by section: a field the
+    CRD gains must be accepted by local mode too, and local mode must not accept one it lacks."""
+    import yaml
+
+    from sharetune.api.spec import FIELDS
+
+    crd = yaml.safe_load((Path(__file__).parents[2] / "crds" / "tuningjobs.sharetune.io.yaml").read_text())
+    root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for section, fields in FIELDS.items():
+        node = root
+        for key in filter(None, section.split(".")):
+            node = node["properties"][key]
+        assert set(node["properties"]) == fields, section
+
+
+def test_local_only_and_cluster_only_sources_are_refused_with_the_fix() -> None:
+    from sharetune.api.spec import check_runs_locally, check_runs_on_cluster
+
+    path = parse_spec("j", {"model": {"onnx": {"path": "m.onnx"}}})
+    pvc = parse_spec("j", {"model": {"onnx": {"pvc": {"claimName": "models", "path": "/m.onnx"}}}})
+    check_runs_locally(path)
+    check_runs_on_cluster(pvc)
+    with pytest.raises(SpecError) as e:
+        check_runs_on_cluster(path)
+    assert str(e.value) == (
+        "spec.model.onnx.path is local-only (a file on the machine that runs `sharetune run --local`); on a "
+        "cluster use spec.model.onnx.configMap (kubectl create configmap NAME --from-file=model.onnx=FILE), "
+        "spec.model.onnx.url or spec.model.onnx.pvc")
+    with pytest.raises(SpecError) as e:
+        check_runs_locally(pvc)
+    assert str(e.value) == (
+        "spec.model.onnx.pvc is cluster-only (a volume mounted into the job's pods); in local mode use "
+        "spec.model.onnx.path (a file here), spec.model.onnx.url or spec.model.onnx.configMap")

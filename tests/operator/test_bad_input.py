@@ -191,7 +191,11 @@ def test_cuda_job_where_no_node_has_a_free_gpu_says_so(k8s, operator, ns) -> Non
     phase, reason, message = wait_for("a Pending reason", lambda: (r := _ready(get_job(k8s, ns, "nogpu")))[1]
                                       == "GpuUnavailable" and r, timeout_s=60)
     assert phase == "Pending" and message.startswith("cannot be scheduled: server:")
-    assert "Insufficient nvidia.com/gpu" in message
+    assert "Insufficient nvidia.com/gpu" in message  # the scheduler's words, then what to check:
+    assert message.endswith(
+        "; no node has a free nvidia.com/gpu for it: check the GPU nodes' allocatable nvidia.com/gpu (kubectl "
+        "describe nodes; the NVIDIA device plugin must run there), that spec.nodeSelector and spec.tolerations "
+        "match them, and which pods hold their GPUs"), message
 
 
 def test_missing_s3_secret_is_a_pending_reason_until_it_exists(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]
@@ -201,7 +205,9 @@ def test_missing_s3_secret_is_a_pending_reason_until_it_exists(k8s, operator, ns
     create_job(k8s, ns, tuning_job("nosecret", output=out))
     phase, _, message = wait_for("SecretMissing", lambda: (r := _ready(get_job(k8s, ns, "nosecret")))[1]
                                  == "SecretMissing" and r, timeout_s=60)
-    assert phase == "Pending" and message == f"Secret later (output.s3.credentialsSecret) does not exist in {ns}"
+    assert phase == "Pending" and message == (
+        f"Secret later (spec.output.s3.credentialsSecret.name) does not exist in {ns}; create it: kubectl create "
+        f"secret generic later -n {ns} --from-literal=AWS_ACCESS_KEY_ID=... --from-literal=AWS_SECRET_ACCESS_KEY=...")
     core = client.CoreV1Api(k8s)
     core.create_namespaced_secret(ns, client.V1Secret(metadata=client.V1ObjectMeta(name="later"),
                                                       string_data={"AWS_ACCESS_KEY_ID": "k"}))
@@ -239,3 +245,36 @@ def test_corrupt_onnx_and_unreachable_url_fail_with_the_models_error(k8s, cluste
             assert len(clients) == 1, clients
     finally:
         sim.stop()
+
+
+def test_a_new_users_mistakes_are_answered_by_the_api_server(k8s, crd, ns) -> None:  # type: ignore[no-untyped-def]
+    """A misspelt field and an unknown model name, as the API server answers them under strict
+    field validation (what kubectl apply asks for): the field and the accepted values."""
+    objs = client.CustomObjectsApi(k8s)
+
+    def refusal(**spec: Any) -> str:
+        with pytest.raises(ApiException) as e:
+            objs.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, tuning_job("oops", **spec),
+                                                 dry_run="All", field_validation="Strict")
+        return str(json.loads(e.value.body)["message"])
+
+    strict = 'TuningJob in version "v1alpha1" cannot be handled as a TuningJob: strict decoding error: '
+    assert refusal(trails={"total": 8}) == strict + 'unknown field "spec.trails"'
+    assert refusal(clients={"shard": 2}) == strict + 'unknown field "spec.clients.shard"'
+    assert refusal(model={"name": "resnet-50"}) == (
+        'TuningJob.sharetune.io "oops" is invalid: [spec.model.name: Unsupported value: "resnet-50": supported '
+        'values: "resnet18", "resnet50", "mobilenet_v2", "transformer_encoder", "tiny_cnn", <nil>: Invalid value: '
+        'null: some validation rules were not checked because the object was invalid; correct the existing errors '
+        'to complete validation]')
+
+
+def test_a_local_only_model_path_fails_the_job_with_the_fix(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]
+    from .conftest import create_job, get_job, wait_for
+
+    create_job(k8s, ns, tuning_job("laptop", model={"onnx": {"path": "/home/me/model.onnx"}}))
+    phase, reason, message = wait_for("Failed", lambda: (r := _ready(get_job(k8s, ns, "laptop")))[0] and r,
+                                      timeout_s=60)
+    assert (phase, reason) == ("Failed", "InvalidSpec")
+    assert message == ("spec.model.onnx.path is local-only (a file on the machine that runs `sharetune run --local`); "
+                       "on a cluster use spec.model.onnx.configMap (kubectl create configmap NAME "
+                       "--from-file=model.onnx=FILE), spec.model.onnx.url or spec.model.onnx.pvc")

@@ -32,12 +32,13 @@ OPERATOR_NEEDS: dict[tuple[str, str], set[str]] = {
     ("", "pods"): {"get", "list", "watch", "create", "delete"},  # MPS daemon pod (replace a failed one)
     ("", "services"): {"get", "create"},  # tracker Service
     ("", "serviceaccounts"): {"get", "create"},  # the job pods' identity
-    ("", "secrets"): {"get"},  # S3 cleanupOnDelete only
+    ("", "secrets"): {"get", "create"},  # S3 cleanupOnDelete; a job's build key (spec.builders)
+    ("autoscaling", "horizontalpodautoscalers"): {"create"},  # spec.builders.autoscale
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
     ("apps", "deployments"): {"get", "create", "patch"},  # tracker/servers; restart after an MPS fault
     ("apps", "deployments/scale"): {"patch"},  # live scaling
-    ("batch", "jobs"): {"get", "list", "watch", "create"},  # clients + merge; snapshot list
+    ("batch", "jobs"): {"get", "list", "watch", "create", "patch"},  # clients + merge; snapshot list; clamp
     ("rbac.authorization.k8s.io", "roles"): {"create"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"create"},
 }
@@ -80,7 +81,7 @@ def test_operator_service_account_has_exactly_what_it_uses(k8s, cluster, ns) -> 
         res, _, sub = resource.partition("/")
         for verb in verbs:
             assert _can(k8s, user, ns, verb, res, group, subresource=sub or None), (verb, group, resource)
-    for verb, resource, group in [("list", "secrets", ""), ("watch", "secrets", ""), ("create", "secrets", ""),
+    for verb, resource, group in [("list", "secrets", ""), ("watch", "secrets", ""), ("update", "secrets", ""),
                                   ("delete", "configmaps", ""), ("delete", "deployments", "apps"),
                                   ("create", "pods/exec", ""), ("update", "roles", "rbac.authorization.k8s.io"),
                                   ("bind", "roles", "rbac.authorization.k8s.io"),

@@ -70,7 +70,7 @@ def test_clients_share_one_build_service_unless_the_job_sizes_their_pools(tmp_pa
     service = calls[0][1]
     for i in range(3):  # every client is pointed at that one socket, with the run's key in its env
         args = run.client_args(i)
-        assert args[args.index("--build-service") + 1] == service[service.index("--socket") + 1]
+        assert args[args.index("--build-service") + 1] == service[service.index("--listen") + 1]
     assert run._base_env()["SHARETUNE_BUILD_AUTHKEY"] == run.build_authkey
     assert len(run.build_socket.as_posix()) < 100  # AF_UNIX paths are limited to 107 bytes
     # Built candidates go under the run's own directory, which stop_all (in planned()) removed.

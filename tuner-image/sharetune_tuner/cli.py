@@ -4,7 +4,7 @@
   tracker      TVM RPC tracker
   server       TVM RPC server under a key, with MPS thread-percentage / pinned-memory limits
   client       tunes one shard of the model's tasks (resumable)
-  build-service  one builder pool for all the clients of a host (local mode)
+  build-service  one builder pool for the clients of a host (local mode) or a job (builder pods)
   merge        merges shard databases, compiles, checks, measures, writes the summary
 
 Each serves /metrics and /healthz on --metrics-port (0 = any free port, -1 = off) and stops
@@ -94,15 +94,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--sync-interval", type=float, default=10.0)
     c.add_argument("--clients-on-host", type=int, default=1,
                    help="clients sharing this host's CPUs: sizes the default builder pool (local mode: all shards)")
-    c.add_argument("--build-service", type=Path, default=None,
-                   help="Unix socket of the host's build service (local mode); default: build in this client")
+    c.add_argument("--build-service", default=None, metavar="ADDR",
+                   help="the build service: a Unix socket path (local mode) or host:port (the job's builder "
+                   "pods); default: build in this client")
     c.add_argument("--session-runner", action="store_true",
                    help="keep one RPC session per runner worker (needs --servers <= this client's share)")
     _tracker_args(c)
     _common(c)
 
-    b = sub.add_parser("build-service", help="one builder pool for all the tuning clients of this host")
-    b.add_argument("--socket", type=Path, required=True, help="Unix socket to listen on")
+    b = sub.add_parser("build-service", help="a builder pool for the tuning clients of a host or a job")
+    b.add_argument("--listen", "--socket", dest="listen", required=True, metavar="ADDR",
+                   help="a Unix socket path (local mode) or host:port (a builder pod) to listen on")
     b.add_argument("--workers", type=int, default=None, help="builder processes (default: this host's CPUs)")
     b.add_argument("--timeout", type=float, default=60.0, help="seconds one build may take")
     _common(b)
@@ -178,7 +180,12 @@ def run(a: argparse.Namespace) -> int:
         from .build_service import BuildService
         from .cpus import available_cpus
 
-        svc = BuildService(a.socket, a.workers or available_cpus(), a.timeout)
+        from .build_protocol import AddressError
+
+        try:
+            svc = BuildService(a.listen, a.workers or available_cpus(), a.timeout)
+        except (AddressError, RuntimeError) as e:  # a bad address, no key
+            raise TunerError(str(e)) from None
         return _serve(a.metrics_port, None, svc.serve)
     if a.cmd == "client":
         return _client(a)
@@ -197,6 +204,13 @@ def _client(a: argparse.Namespace) -> int:
     if not 0 <= a.shard < shards:
         raise TunerError(f"--shard {a.shard} is outside [0, {shards})")
     host, port = _split(a.tracker)
+    if a.build_service:
+        from .build_protocol import AddressError, parse_address
+
+        try:
+            parse_address(a.build_service)
+        except AddressError as e:
+            raise TunerError(f"--build-service: {e}") from None
     srv = _status_server(a.metrics_port)
     try:
         sync = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from contextlib import ExitStack
@@ -26,7 +27,7 @@ from .callbacks import CommitBatch, CostModelUpdate, PhaseExport, ProgressCallba
 from .cpus import default_builder_workers
 from .errors import TrackerError
 from .intrinsics import ensure_registered
-from .partition import budgets, shard_of, useful_minimum
+from .partition import budgets, partition, to_tune, useful_minimum, useful_shards
 from .tasks import Task, extract
 from .write_ahead import RecordLines, StoreAhead
 
@@ -53,6 +54,11 @@ class ClientConfig:
     clients_on_host: int = 1  # clients sharing this host's CPUs (local mode: all shards)
     build_service: Path | None = None  # the host's shared builder pool (build_service.py), if any
     population_size: int | None = None  # evolutionary search; None = sized to the batch
+    # While the cost model cannot rank candidates yet (cold_search_applies): "replay" samples the
+    # batch at random instead of evolving a population by the model's noise; "evolutionary" = stock,
+    # the default until replay is shown to find equally fast models (docs/benchmarks.md, round r11:
+    # 1.40x trials/s and equal per-task bests on the H200, but lower end-to-end speed-ups on the CPU).
+    cold_search: str = field(default_factory=lambda: os.environ.get("SHARETUNE_COLD_SEARCH", "evolutionary"))
     session_timeout_s: int = 60
     tracker_wait_s: float = 60.0
     # One RPC session per runner worker, kept for the whole shard (runner.SessionRPCRunner), and
@@ -91,6 +97,12 @@ class Progress:
     updated_at: float = field(default_factory=time.time)
     tasks: list[TaskProgress] = field(default_factory=list)
     message: str = ""
+    # The same in every shard (each computes the same partition): how many shards have a task to
+    # tune (exactly shards 0..useful_shards-1), of the model's tasks_total tasks the budgets give
+    # trials to tasks_to_tune. The operator scales the clients' Job down to useful_shards.
+    useful_shards: int | None = None
+    tasks_total: int | None = None
+    tasks_to_tune: int | None = None
     phases: dict[str, float] = field(default_factory=dict)  # MetaSchedule profiler totals, seconds
     # Where the start-up went, seconds (process start to run_client, extraction, tensor
     # intrinsics, tracker wait, first round's records): start-up is fixed cost on every shard.
@@ -151,16 +163,44 @@ class TrackerWait:
         return self._servers
 
 
-def plan_shard(tasks: list[Task], cfg: ClientConfig) -> tuple[list[Task], dict[str, int]]:
+@dataclass(frozen=True)
+class ShardPlan:
+    tasks: list[Task]  # this shard's tasks, each with trials
+    budget: dict[str, int]  # their trials, by TaskInfo.key
+    useful_shards: int  # shards with a task to tune: 0..useful_shards-1 (partition.useful_shards)
+    tasks_total: int  # the model's tasks
+    tasks_to_tune: int  # those the budgets give trials
+
+
+def plan_shard(tasks: list[Task], cfg: ClientConfig) -> ShardPlan:
     infos = [t.info for t in tasks]
-    mine = {i.key for i in shard_of(infos, cfg.shards, cfg.shard)}
-    # Tasks too light for a useful minimum of trials get none: they keep TVM's defaults.
+    # Tasks too light for a useful minimum of trials get none: they keep TVM's defaults and go
+    # to no shard.
     budget = budgets(infos, cfg.total_trials, cfg.trials_per_task,
                      useful_minimum(cfg.trials_per_task, cfg.trials_per_iter))
-    return [t for t in tasks if t.info.key in mine], {k: v for k, v in budget.items() if k in mine}
+    tuned = to_tune(infos, budget)
+    bins = partition(tuned, cfg.shards)
+    mine = {i.key for i in bins[cfg.shard]}
+    return ShardPlan([t for t in tasks if t.info.key in mine], {k: v for k, v in budget.items() if k in mine},
+                     useful_shards(bins), len(infos), len(tuned))
 
 
-def search_strategy(cfg: ClientConfig) -> Any:
+def cold_search_applies(cfg: ClientConfig, cost_model: Any, trials: int) -> bool:
+    """True when every round of a task's ``trials`` would be ranked by noise: MetaSchedule's XGB
+    model predicts uniform random scores until it holds ``num_warmup_samples`` (100) measurements,
+    and the random model always does. Evolving a population by those scores is a random walk that
+    cost each shard 20-25 s of CPU per round on the H200 (SampleInitPopulation + mutation for 16
+    candidates, against ~0.5 CPU-s to build one); random sampling of the design space gives the
+    same distribution of candidates for the price of the batch (bench/h200/search_cost.py)."""
+    if cfg.cold_search != "replay":
+        return False
+    warmup = getattr(cost_model, "num_warmup_samples", None)
+    if warmup is None:  # the random model (or none): never ranks
+        return True
+    return int(getattr(cost_model, "data_size", 0)) + trials <= int(warmup)
+
+
+def search_strategy(cfg: ClientConfig, cold: bool = False) -> Any:
     """Evolutionary search sized to the batch: a round's cost grows with the population, not the
     batch, so the stock population (512) over a small batch makes search dominate a trial.
     Measured on the H200 machine (ResNet-18's heaviest conv, 16 cores): a first round takes 19.6 s
@@ -169,6 +209,8 @@ def search_strategy(cfg: ClientConfig) -> Any:
     (512 for 64); tuned ResNet-18 latency was no worse than with 32 per candidate."""
     from tvm.s_tir import meta_schedule as ms
 
+    if cold:
+        return ms.search_strategy.ReplayTrace()
     population = cfg.population_size or max(64, min(512, 8 * cfg.trials_per_iter))
     return ms.search_strategy.EvolutionarySearch(population_size=population,
                                                  init_min_unmeasured=min(50, population // 2))
@@ -192,7 +234,10 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     t = time.monotonic()
     tasks = extract(model.mod, target)
     progress.startup["extract_s"] = round(time.monotonic() - t, 2)
-    mine, budget = plan_shard(tasks, cfg)
+    plan = plan_shard(tasks, cfg)
+    mine, budget = plan.tasks, plan.budget
+    progress.useful_shards, progress.tasks_total = plan.useful_shards, plan.tasks_total
+    progress.tasks_to_tune = plan.tasks_to_tune
     have = records.stats(cfg.work_dir)
     for t in mine:
         progress.tasks.append(TaskProgress(t.info.name, t.info.workload_hash, budget[t.info.key],
@@ -209,10 +254,18 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     log.info("shard %d/%d: %d of %d tasks, %d trials budgeted, %d already in the database",
              cfg.shard, cfg.shards, len(mine), len(tasks), progress.budget, progress.resumed)
     todo = [(t, tp) for t, tp in zip(mine, progress.tasks) if tp.budget - tp.done > 0]
+    if cfg.shard >= plan.useful_shards:
+        progress.message = (f"nothing to tune: {plan.tasks_to_tune} of the model's {plan.tasks_total} tasks get "
+                            f"trials, on shards 0..{plan.useful_shards - 1}")
     if not todo:
         progress.state = "done"
         progress.write(progress_path)
         return progress
+    # Reported now, not at the first round: the operator clamps the clients' Job to useful_shards
+    # while the other shards are still starting.
+    progress.write(progress_path)
+    if cfg.on_round is not None:
+        cfg.on_round()
 
     t = time.monotonic()
     # MetaSchedule registers every target's tensor intrinsics when the first task is set up;
@@ -255,7 +308,8 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
         for i, (task, tp) in enumerate(todo):
             remaining = tp.budget - tp.done
             ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-                [task.extracted], work_dir=str(cfg.work_dir / "logs"), strategy=search_strategy(cfg),
+                [task.extracted], work_dir=str(cfg.work_dir / "logs"),
+                strategy=search_strategy(cfg, cold_search_applies(cfg, cost_model, remaining)),
                 num_threads=cores, seed=cfg.seed * 1000 + cfg.shard * 100 + i + tp.done)
             cost_model_update = CostModelUpdate(tp, last_task=i == len(todo) - 1)
             if stage is not None and cfg.store_ahead is not None:

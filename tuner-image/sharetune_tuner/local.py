@@ -27,6 +27,7 @@ from sharetune.api.topology import PROGRESS_FILE, SUMMARY_FILE, gpu_groups, in_g
 from sharetune.procs import ProcessGroup, free_port
 
 from .build_protocol import ARTIFACT_DIR_ENV, AUTHKEY_ENV
+from .model_source import prepare_local_model
 from .mps import READY
 
 
@@ -59,6 +60,10 @@ class LocalRun:
     metrics_ports: dict[str, int] = field(default_factory=dict)  # process name -> its /metrics port
     key: str = "sharetune"
     stopping: bool = False
+    # Set once a client reports that only shards 0..n-1 have a task to tune (fewer than
+    # clients.shards): the other clients are stopped, never restarted, and the merge reads n shards.
+    clamped_to: int | None = None
+    model_env: dict[str, str] = field(default_factory=dict)  # where the processes find the model
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -79,7 +84,7 @@ class LocalRun:
     # ---- processes ---------------------------------------------------------------------------
     def _base_env(self) -> dict[str, str]:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **NO_MULTICAST, AUTHKEY_ENV: self.build_authkey,
-               ARTIFACT_DIR_ENV: str(self.scratch / "artifacts")}
+               ARTIFACT_DIR_ENV: str(self.scratch / "artifacts"), **self.model_env}
         if self.spec.uses_mps:  # the first GPU's daemon: the merge measures there
             env.update(self.mps_env(self.gpu_groups()[0]))
         return env
@@ -122,6 +127,8 @@ class LocalRun:
         return self.workdir / "shards" / f"shard-{i}"
 
     def start_services(self) -> None:
+        # The model first, once (a URL downloaded, a ConfigMap read): a bad one stops the run here.
+        self.model_env = prepare_local_model(self.spec, self.job_path, self.workdir)
         groups = self.gpu_groups()
         (self.scratch / "artifacts").mkdir(parents=True, exist_ok=True)
         if self.shares_builder():
@@ -172,9 +179,16 @@ class LocalRun:
         return [f"127.0.0.1:{self.metrics_ports[p.name]}" for p in self.procs if p.alive() and p.name in self.metrics_ports]
 
     # ---- progress ----------------------------------------------------------------------------
+    @property
+    def client_shards(self) -> int:
+        return self.clamped_to or self.spec.shards
+
     def progress(self) -> list[dict[str, Any]]:
-        out = []
+        out: list[dict[str, Any]] = []
         for i in range(self.spec.shards):
+            if i >= self.client_shards:
+                out.append({"shard": i, "state": "clamped", "done": 0, "budget": 0, "tasks": []})
+                continue
             try:
                 out.append(json.loads((self.shard_dir(i) / PROGRESS_FILE).read_text()))
             except (FileNotFoundError, ValueError):
@@ -182,12 +196,16 @@ class LocalRun:
         return out
 
     def run_clients(self, on_tick: Any = None, poll_s: float = 0.25) -> None:
+        for i in range(self.spec.shards):  # a previous run's progress (in a reused workdir) is not this run's clamp
+            (self.shard_dir(i) / PROGRESS_FILE).unlink(missing_ok=True)
         clients = {i: self.start_client(i) for i in range(self.spec.shards)}
         running = set(clients)
         while running and not self.stopping:
             time.sleep(poll_s)
+            progress = self.progress()
+            self._clamp(progress, clients, running)
             if on_tick:
-                on_tick(self.progress())
+                on_tick(self.progress() if self.clamped_to else progress)
             for i in sorted(running):
                 if self.stopping:
                     return
@@ -209,10 +227,31 @@ class LocalRun:
         if on_tick:
             on_tick(self.progress())
 
+    def _clamp(self, progress: list[dict[str, Any]], clients: dict[int, ProcessGroup], running: set[int]) -> None:
+        """What the operator does with the clients' Job: once a client has reported how many shards
+        have a task (every client computes the same partition, and only the highest shards are
+        left empty), the clients of the others stop; they hold no task, so no record is lost."""
+        if self.clamped_to is not None:
+            return
+        reported = [p for p in progress if p.get("useful_shards") is not None]
+        if not reported:
+            return
+        r = min(reported, key=lambda p: p["useful_shards"])
+        k = max(1, int(r["useful_shards"]))
+        if k >= self.spec.shards:
+            return
+        self.clamped_to = k
+        for i in sorted(running):
+            if i >= k:
+                clients[i].stop()
+                running.discard(i)
+        tasks, plural = r.get("tasks_to_tune", k), "s" if k != 1 else ""
+        print(f"clients.shards {self.spec.shards} > {tasks} tasks to tune: clamped to {k} shard{plural}", flush=True)
+
     def merge(self) -> dict[str, Any]:
         out = self.workdir / "result"
         p = self._spawn("merge", commands.merge(str(self.job_path), str(out),
-                                                shard_dirs=[str(self.shard_dir(i)) for i in range(self.spec.shards)]))
+                                                shard_dirs=[str(self.shard_dir(i)) for i in range(self.client_shards)]))
         rc = p.wait()
         if rc != 0:
             raise RuntimeError(f"merge failed (exit {rc}):\n{p.tail()}")

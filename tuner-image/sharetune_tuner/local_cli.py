@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,10 @@ def _rate(shards: list[dict[str, Any]], t0: float) -> float:
     return fresh / max(time.time() - t0, 1e-9)
 
 
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"stopped by signal {signal.Signals(signum).name}")
+
+
 def run(a: argparse.Namespace) -> int:
     from sharetune.api.spec import SpecError, load_job
 
@@ -41,6 +46,9 @@ def run(a: argparse.Namespace) -> int:
         console.print(f"[red]error:[/red] {a.job}: {e}")
         return 2
     workdir = a.workdir or Path("runs") / spec.name
+    # `timeout`, `kill` and a pod's stop send SIGTERM: stop the run's process groups as Ctrl-C
+    # does (each runs in its own session, so nothing else would stop them).
+    signal.signal(signal.SIGTERM, _interrupt)
     lr = LocalRun(spec, a.job.resolve(), workdir.resolve())
     console.print(f"[bold]{spec.name}[/bold]: {spec.model.name or 'onnx model'} on {spec.target}, "
                   f"{spec.shards} clients x {spec.servers.replicas} servers" + (f" x {spec.gpus} GPUs" if spec.gpu_count > 1 else "")

@@ -14,6 +14,7 @@ Whatever fails while importing, extracting tasks from or compiling a user's mode
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import hashlib
 import io
@@ -39,6 +40,9 @@ from .zoo import ZOO
 log = logging.getLogger("sharetune.model")
 
 INPUT_NAME = "input"
+# Where a URL's model is cached (local mode: the run's work dir, so all its processes share one
+# download); unset: ~/.cache/sharetune/models.
+MODEL_CACHE_ENV = "SHARETUNE_MODEL_CACHE"
 _URL_TIMEOUT_S = 60
 _MAX_MODEL_BYTES = 2 << 30
 
@@ -124,8 +128,7 @@ def load(name: str | None = None, onnx_path: str | Path | None = None, url: str 
     if sum(x is not None for x in (name, onnx_path, url)) != 1:
         raise ModelError("give exactly one of a built-in model name, an ONNX path or a URL")
     if name is not None:
-        if name not in ZOO:
-            raise ModelError(f"unknown built-in model {name!r}; choose one of {', '.join(sorted(ZOO))}")
+        check_builtin(name)
         entry = ZOO[name]
         shape = tuple(input_shape or entry.default_shape)
         try:
@@ -381,6 +384,15 @@ def model_errors(what: str) -> Iterator[None]:
         raise ModelError(f"{what}: {describe(e)}") from None
 
 
+def check_builtin(name: str) -> None:
+    """A ``spec.model.name`` that is not in the zoo: the one-line error lists the zoo."""
+    if name not in ZOO:
+        near = difflib.get_close_matches(name, sorted(ZOO), n=1, cutoff=0.5)
+        raise ModelError(f"spec.model.name: unknown built-in model {name!r}; choose one of {', '.join(sorted(ZOO))}"
+                         + (f" (did you mean {near[0]}?)" if near else "")
+                         + ", or set spec.model.onnx for your own model")
+
+
 def load_for_spec(spec: ModelSpec, cache_dir: Path | None = None) -> LoadedModel:
     """The model a job's ``spec.model`` names."""
     if spec.name is not None:
@@ -388,7 +400,8 @@ def load_for_spec(spec: ModelSpec, cache_dir: Path | None = None) -> LoadedModel
     src = spec.onnx
     assert src is not None  # the spec parser: exactly one of name or onnx
     if src.url:
-        return load(url=src.url, input_shape=spec.input_shape, cache_dir=cache_dir)
+        cache = os.environ.get(MODEL_CACHE_ENV)
+        return load(url=src.url, input_shape=spec.input_shape, cache_dir=cache_dir or (Path(cache) if cache else None))
     if src.path:
         return load(onnx_path=src.path, input_shape=spec.input_shape)
     # A ConfigMap or PVC source: the operator mounts it at SHARETUNE_MODEL_DIR in the client and

@@ -52,6 +52,21 @@ def shard_of(tasks: list[TaskInfo], shards: int, index: int) -> list[TaskInfo]:
     return partition(tasks, shards)[index]
 
 
+def to_tune(tasks: list[TaskInfo], budget: dict[str, int]) -> list[TaskInfo]:
+    """The tasks the budgets give trials. Only these are partitioned: a task left at TVM's default
+    needs no client. They are the heaviest (``budgets``), so LPT places them exactly where it did
+    when every task was partitioned: the lighter ones only ever came after them."""
+    return [t for t in tasks if budget.get(t.key, 0) > 0]
+
+
+def useful_shards(bins: list[list[TaskInfo]]) -> int:
+    """How many shards have a task: with LPT these are exactly shards 0..n-1 (an empty shard's
+    load, 0, is never above another's, and ties go to the lowest index), so a clients' Indexed Job
+    scaled down to n (an elastic Indexed Job drops the highest indexes) keeps every task. At least
+    1: a model with nothing to tune still has one client, whose empty shard the merge reads."""
+    return max(1, sum(1 for b in bins if b))
+
+
 def useful_minimum(per_task: int, per_iteration: int) -> int:
     """The fewest trials worth spending on a task: two search rounds, and at least 8 (capped at
     ``per_task``). A task's first round is mostly random candidates (the cost model has seen none

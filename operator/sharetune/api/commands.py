@@ -55,8 +55,10 @@ def client(job_manifest: str, work_dir: str, tracker_addr: str, key: str, server
             *_opt("--metrics-port", metrics_port)]
 
 
-def build_service(socket: str, metrics_port: int | None = None) -> list[str]:
-    return ["build-service", "--socket", socket, *_opt("--metrics-port", metrics_port)]
+def build_service(listen: str, metrics_port: int | None = None, workers: int | None = None) -> list[str]:
+    """A build service on a Unix socket path (local mode) or host:port (a builder pod); its clients
+    get the address as ``client(build_service=...)``."""
+    return ["build-service", "--listen", listen, *_opt("--workers", workers), *_opt("--metrics-port", metrics_port)]
 
 
 def merge(job_manifest: str, out: str, *, store: str | None = None, shards: int | None = None,

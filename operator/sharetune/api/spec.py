@@ -6,6 +6,7 @@ both agree on defaults and on what is an error. Pure: no kopf, no kubernetes, no
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,30 @@ KIND = "TuningJob"
 TARGETS = ("llvm", "cuda")
 COST_MODELS = ("xgb", "random")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?([KMGT]i?|[kmgt])?$")
+
+# The fields each section of a TuningJob accepts: the CRD's schema, in the one place the parser
+# reads them from (tests/core/test_spec.py checks every section against the CRD), so that local
+# mode rejects a misspelt field as the API server's strict field validation does. Sections not
+# listed (resources, nodeSelector, affinity, tolerations: Kubernetes' own types) are not checked here.
+FIELDS: dict[str, frozenset[str]] = {k: frozenset(v.split()) for k, v in {
+    "": "apiVersion kind metadata spec status",
+    "spec": "model target trials gpuSharing servers clients builders costModel seed image imagePullPolicy "
+            "nodeSelector tolerations affinity output ttlSecondsAfterFinished",
+    "spec.model": "name onnx inputShape",
+    "spec.model.onnx": "path url configMap pvc",
+    "spec.model.onnx.configMap": "name key",
+    "spec.model.onnx.pvc": "claimName path",
+    "spec.trials": "total perTask perIteration",
+    "spec.gpuSharing": "mps gpus",
+    "spec.servers": "replicas threadPercentage servingPercentage pinnedMemoryLimit resources",
+    "spec.clients": "shards builderWorkers backoffLimitPerIndex resources",
+    "spec.output": "configMap s3",
+    "spec.output.configMap": "name",
+    "spec.output.s3": "endpoint region bucket prefix credentialsSecret cleanupOnDelete",
+    "spec.output.s3.credentialsSecret": "name accessKeyIdKey secretAccessKeyKey",
+    "spec.builders": "replicas workers resources nodeSelector tolerations autoscale",
+    "spec.builders.autoscale": "minReplicas maxReplicas targetCPUUtilizationPercentage",
+}.items()}
 
 
 class SpecError(ValueError):
@@ -94,6 +119,7 @@ class TuningJobSpec:
     builder_workers: int | None = None  # per client; None = sharetune_tuner.cpus.default_builder_workers
     backoff_limit_per_index: int = 3
     output: OutputSpec = field(default_factory=OutputSpec)
+    builders: BuildersSpec | None = None  # spec.builders: the job's build pool on CPU nodes; None = clients build
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -136,9 +162,94 @@ def _dict(d: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     return _get(d, key, dict, {}, where)
 
 
+def check_fields(d: Any, where: str) -> None:
+    """Rejects the first field that ``FIELDS[where]`` (and the sections under it) does not know,
+    suggesting the nearest known one."""
+    allowed = FIELDS.get(where)
+    if allowed is None or not isinstance(d, dict):
+        return
+    for k, v in d.items():
+        path = f"{where}.{k}" if where else str(k)
+        if k not in allowed:
+            near = difflib.get_close_matches(str(k), sorted(allowed), n=1)
+            hint = (f"did you mean {path.rsplit('.', 1)[0] + '.' if where else ''}{near[0]}?" if near
+                    else f"the fields of {where or 'a TuningJob'} are {', '.join(sorted(allowed))}")
+            raise SpecError(f"{path}: unknown field; {hint}")
+        check_fields(v, path)
+
+
+def check_runs_on_cluster(s: TuningJobSpec) -> None:
+    """The operator's refusal of what only local mode can run."""
+    if s.model.onnx is not None and s.model.onnx.path:
+        raise SpecError("spec.model.onnx.path is local-only (a file on the machine that runs `sharetune run "
+                        "--local`); on a cluster use spec.model.onnx.configMap (kubectl create configmap NAME "
+                        "--from-file=model.onnx=FILE), spec.model.onnx.url or spec.model.onnx.pvc")
+
+
+def check_runs_locally(s: TuningJobSpec) -> None:
+    """Local mode's refusal of what only the cluster can run."""
+    if s.model.onnx is not None and s.model.onnx.pvc:
+        raise SpecError("spec.model.onnx.pvc is cluster-only (a volume mounted into the job's pods); in local "
+                        "mode use spec.model.onnx.path (a file here), spec.model.onnx.url or "
+                        "spec.model.onnx.configMap")
+
+
+# ---- spec.builders: the job's build pool (docs/build-pool.md) -------------------------------------
+@dataclass(frozen=True)
+class BuildersAutoscale:
+    """A HorizontalPodAutoscaler on the builders' CPU utilisation (of their CPU request)."""
+
+    min_replicas: int = 1
+    max_replicas: int = 1
+    target_cpu_percent: int = 80
+
+
+@dataclass(frozen=True)
+class BuildersSpec:
+    """Builder pods (a Deployment behind a headless Service) that build the clients' candidates."""
+
+    replicas: int = 2
+    workers: int | None = None  # builder processes per pod; None = the pod's CPUs (its CPU limit)
+    resources: dict[str, Any] = field(default_factory=dict)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[Any] = field(default_factory=list)
+    autoscale: BuildersAutoscale | None = None
+
+
+def parse_builders(spec: dict[str, Any]) -> BuildersSpec | None:
+    if spec.get("builders") is None:
+        return None
+    where = "spec.builders"
+    b = _dict(spec, "builders", "spec")
+    check_fields(b, where)
+    resources = _dict(b, "resources", where)
+    a = _get(b, "autoscale", dict, None, where)
+    autoscale = None
+    if a is not None:
+        if "maxReplicas" not in a:
+            raise SpecError(f"{where}.autoscale.maxReplicas is required (the most builder pods to scale to)")
+        autoscale = BuildersAutoscale(
+            min_replicas=_int_in(a, "minReplicas", 1, 1, 256, f"{where}.autoscale"),
+            max_replicas=_int_in(a, "maxReplicas", 1, 1, 256, f"{where}.autoscale"),
+            target_cpu_percent=_int_in(a, "targetCPUUtilizationPercentage", 80, 1, 100, f"{where}.autoscale"))
+        if autoscale.min_replicas > autoscale.max_replicas:
+            raise SpecError(f"{where}.autoscale: minReplicas {autoscale.min_replicas} is above maxReplicas "
+                            f"{autoscale.max_replicas}")
+        if not (resources.get("requests") or {}).get("cpu"):
+            raise SpecError(f"{where}.autoscale needs {where}.resources.requests.cpu: the autoscaler's CPU "
+                            "utilisation is a share of the pods' CPU request")
+    workers = _get(b, "workers", int, None, where)
+    if workers is not None:
+        workers = _int_in(b, "workers", 1, 1, 512, where)
+    return BuildersSpec(replicas=_int_in(b, "replicas", 2, 1, 256, where), workers=workers, resources=resources,
+                        node_selector=_dict(b, "nodeSelector", where),
+                        tolerations=_get(b, "tolerations", list, [], where), autoscale=autoscale)
+
+
 def parse_spec(name: str, spec: dict[str, Any]) -> TuningJobSpec:
     if not isinstance(spec, dict):
         raise SpecError(f"spec: expected a mapping, got {type(spec).__name__}")
+    check_fields(spec, "spec")
     m = _dict(spec, "model", "spec")
     onnx_d = _get(m, "onnx", dict, None, "spec.model")
     model_name = _get(m, "name", str, None, "spec.model")
@@ -227,7 +338,7 @@ def parse_spec(name: str, spec: dict[str, Any]) -> TuningJobSpec:
         cost_model=cost, seed=_int_in(spec, "seed", 0, 0, 2**31 - 1, "spec"),
         builder_workers=workers,
         backoff_limit_per_index=_int_in(c, "backoffLimitPerIndex", 3, 0, 100, "spec.clients"),
-        output=output, raw=spec,
+        output=output, builders=parse_builders(spec), raw=spec,
     )
 
 
@@ -244,6 +355,7 @@ def load_job(source: str | Path | dict[str, Any]) -> TuningJobSpec:
             raise SpecError(f"not valid YAML: {e}") from None
     if not isinstance(doc, dict):
         raise SpecError("a TuningJob manifest must be a YAML mapping")
+    check_fields({k: v for k, v in doc.items() if k != "spec"}, "")
     if doc.get("kind") != KIND or doc.get("apiVersion") != f"{API_GROUP}/{API_VERSION}":
         raise SpecError(f"expected apiVersion {API_GROUP}/{API_VERSION}, kind {KIND}; "
                         f"got {doc.get('apiVersion')}, {doc.get('kind')}")

@@ -21,6 +21,10 @@ MODEL_DIR = "/model"  # an ONNX model from a ConfigMap or PVC, mounted read-only
 MODEL_DIR_ENV = "SHARETUNE_MODEL_DIR"
 MODEL_FILE = "model.onnx"  # a ConfigMap-sourced model's file name in MODEL_DIR
 MPS_HOST_ROOT = "/run/sharetune/mps"  # per-job pipe/log directories on the GPU node
+BUILD_PORT = 9192  # the builder pods' build service (spec.builders; docs/build-pool.md)
+BUILD_KEY_DIR = "/etc/sharetune/build-key"  # the job's build key Secret, mounted read-only
+BUILD_KEY_FILE = "authkey"  # its key and file name
+BUILD_AUTHKEY_FILE_ENV = "SHARETUNE_BUILD_AUTHKEY_FILE"  # tells the tuner where the key file is
 
 # ---- a shard's files (the client's work dir; what the store keeps of a shard) ------------------
 WORKLOADS_FILE = "database_workload.json"  # MetaSchedule JSONDatabase: one line per workload
@@ -113,6 +117,16 @@ class ChildNames:
     @property
     def merge(self) -> str:
         return f"{self.job}-merge"
+
+    @property
+    def builders(self) -> str:
+        """The builders' Deployment, headless Service and HorizontalPodAutoscaler (spec.builders)."""
+        return f"{self.job}-builders"
+
+    @property
+    def build_key(self) -> str:
+        """The Secret with the job's build key (clients and builders authenticate with it)."""
+        return f"{self.job}-build-key"
 
     def result(self, spec: TuningJobSpec) -> str:
         return object_configmap(self.job, RESULT_OBJECT, spec.output.config_map)

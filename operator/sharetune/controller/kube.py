@@ -20,6 +20,8 @@ def create(api: client.ApiClient, obj: dict[str, Any]) -> bool:
     kind, ns = obj["kind"], obj["metadata"]["namespace"]
     fn = {
         "ConfigMap": client.CoreV1Api(api).create_namespaced_config_map,
+        "Secret": client.CoreV1Api(api).create_namespaced_secret,  # the build pool's key (spec.builders)
+        "HorizontalPodAutoscaler": client.AutoscalingV2Api(api).create_namespaced_horizontal_pod_autoscaler,
         "ServiceAccount": client.CoreV1Api(api).create_namespaced_service_account,
         "Service": client.CoreV1Api(api).create_namespaced_service,
         "Pod": client.CoreV1Api(api).create_namespaced_pod,
@@ -37,7 +39,7 @@ def create(api: client.ApiClient, obj: dict[str, Any]) -> bool:
     return True
 
 
-def scale_servers(api: client.ApiClient, namespace: str, name: str, replicas: int) -> None:
+def scale_deployment(api: client.ApiClient, namespace: str, name: str, replicas: int) -> None:
     client.AppsV1Api(api).patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
 
 

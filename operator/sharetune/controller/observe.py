@@ -11,7 +11,7 @@ from ..api.topology import PROGRESS_FILE, SUMMARY_FILE, ChildNames
 from ..planner import JobRef, daemon_names
 from . import kube
 from .context import Context
-from .status import DaemonView, Observed, ShardView, started
+from .status import DaemonView, Observed, ShardView, count_indexes, shard_clamp, started
 
 MANAGED = "app.kubernetes.io/managed-by=sharetune"
 
@@ -65,7 +65,9 @@ def secret_problem(ctx: Context, namespace: str, s: TuningJobSpec) -> str | None
         return None
     sec = kube.read_or_none(ctx.core.read_namespaced_secret, s3.secret_name, namespace)
     if sec is None:
-        return f"Secret {s3.secret_name} (output.s3.credentialsSecret) does not exist in {namespace}"
+        return (f"Secret {s3.secret_name} (spec.output.s3.credentialsSecret.name) does not exist in {namespace}; "
+                f"create it: kubectl create secret generic {s3.secret_name} -n {namespace} "
+                f"--from-literal={s3.access_key_id_key}=... --from-literal={s3.secret_access_key_key}=...")
     missing = [k for k in (s3.access_key_id_key, s3.secret_access_key_key) if k not in (sec.data or {})]
     if missing:
         return f"Secret {s3.secret_name} has no key(s) {', '.join(missing)}"
@@ -79,12 +81,19 @@ def observe(ctx: Context, job: JobRef, s: TuningJobSpec, snap: Snapshot) -> Obse
     for i in range(s.shards):
         cm = snap.configmaps.get((ns, n.shard(i)))
         shards.append(ShardView.from_progress(i, (cm.data or {}).get(PROGRESS_FILE) if cm else None))
-    obs = Observed(shards=shards)
     cj = snap.jobs.get((ns, n.clients))
+    clamp = shard_clamp(s.shards, shards)
+    job_shards = cj.spec.completions if cj is not None and cj.spec is not None else None
+    # clients.shards, or fewer once a client has reported that only the first few have a task:
+    # the status and the merge follow the clamp at once, before the Job is scaled down to it.
+    count = min(s.shards, job_shards or s.shards, clamp.shards if clamp else s.shards)
+    obs = Observed(shards=shards[:count], client_shards=count, clients_job_shards=job_shards, clamp=clamp)
     if cj is not None and cj.status is not None:
-        obs.clients_succeeded = cj.status.succeeded or 0
+        obs.clients_succeeded = count_indexes(cj.status.completed_indexes, count)
         obs.clients_failed_indexes = cj.status.failed_indexes
         for c in cj.status.conditions or []:
+            if c.type in ("Complete", "Failed") and c.status == "True":
+                obs.clients_finished = True
             if c.type == "Failed" and c.status == "True":
                 obs.clients_failed, obs.clients_failed_message = True, f"{c.reason}: {c.message}"
     mj = snap.jobs.get((ns, n.merge))

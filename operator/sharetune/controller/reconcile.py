@@ -19,13 +19,14 @@ from typing import Any
 import kopf
 from kubernetes import client
 
-from ..api.spec import API_GROUP, API_VERSION, SpecError, TuningJobSpec, parse_spec
+from ..api.spec import API_GROUP, API_VERSION, SpecError, TuningJobSpec, check_runs_on_cluster, parse_spec
+from ..api.topology import ChildNames
 from ..planner import JobRef, daemon_names, plan, plan_merge, result_location, servers_scale
 from . import events, kube, metrics
 from .context import Context
 from .observe import Snapshot, observe, snapshot
-from .status import (FAILED, FINAL, PENDING, SUCCEEDED, DaemonView, Observed, improved_condition, mps_recovery,
-                     next_phase, now, progress_fields, result_fields)
+from .status import (FAILED, FINAL, PENDING, SUCCEEDED, DaemonView, Observed, condition, improved_condition,
+                     mps_recovery, next_phase, now, progress_fields, result_fields)
 
 PLURAL = "tuningjobs"
 log = logging.getLogger("sharetune.operator")
@@ -34,7 +35,9 @@ log = logging.getLogger("sharetune.operator")
 def _spec_or_fail(ctx: Context, name: str, spec: Any, body: Any, patch: kopf.Patch, generation: int | None
                   ) -> TuningJobSpec | None:
     try:
-        return parse_spec(name, dict(spec))
+        s = parse_spec(name, dict(spec))
+        check_runs_on_cluster(s)  # spec.model.onnx.path: a file on a laptop, not in a pod
+        return s
     except SpecError as e:
         metrics.ERRORS.labels("create", "InvalidSpec").inc()
         events.set_phase(ctx.api, body, patch, FAILED, "InvalidSpec", str(e), generation, {})
@@ -92,7 +95,7 @@ def scale(ctx: Context, name: str, namespace: str, new: Any, old: Any, body: Any
     except SpecError:
         return
     for deployment, replicas in servers_scale(name, s, int(new)):
-        kube.scale_servers(ctx.api, namespace, deployment, replicas)
+        kube.scale_deployment(ctx.api, namespace, deployment, replicas)
     events.post(ctx.api, body, "Normal", "Scaled",
                 f"servers scaled from {old} to {new}" + (f" per GPU ({s.gpus} GPUs)" if s.gpus > 1 else ""))
 
@@ -176,15 +179,19 @@ def reconcile_status(ctx: Context, body: dict[str, Any], patch: kopf.Patch, snap
     obs = observe(ctx, job, s, snap)
     if s.uses_mps:
         recover_mps_daemon(ctx, body, job, s, obs, patch)
-    if obs.clients_succeeded >= s.shards and not obs.merge_exists and not obs.clients_failed:
-        if kube.create(ctx.api, plan_merge(job, s, ctx.image)):
+    if obs.clamp is not None:
+        clamp_clients(ctx, job, obs)
+    if obs.clients_succeeded >= obs.client_shards and not obs.merge_exists and not obs.clients_failed:
+        if kube.create(ctx.api, plan_merge(job, s, ctx.image, shards=obs.client_shards)):
             metrics.CHILDREN.labels("Job").inc()
-    new_phase, reason, message = next_phase(phase, obs, s.shards)
+            if s.builders is not None:
+                _release_builders(ctx, job)
+    new_phase, reason, message = next_phase(phase, obs, obs.client_shards)
     for k, v in progress_fields(obs, status.get("startTime")).items():
         if status.get(k) != v:
             patch.status[k] = v
     if obs.summary is not None and new_phase == SUCCEEDED:
-        for k, v in result_fields(obs.summary).items():
+        for k, v in result_fields(obs.summary, job.namespace, job.name).items():
             patch.status[k] = v
         patch.status["progressPercent"] = 100
     last = _last_reason(status)
@@ -196,7 +203,57 @@ def reconcile_status(ctx: Context, body: dict[str, Any], patch: kopf.Patch, snap
         if obs.summary is not None and new_phase == SUCCEEDED:
             patch.status["conditions"] = improved_condition(patch.status["conditions"], obs.summary,
                                                             meta.get("generation"))
+    if obs.clamp is not None:
+        _say_clamped(ctx, body, obs, patch, meta.get("generation"))
     metrics.RECONCILE.labels("status").observe(time.monotonic() - t0)
+
+
+def _release_builders(ctx: Context, job: JobRef) -> None:
+    """Every shard is done: the build pool has nothing left to build, so its pods give their CPUs
+    back (scaled to 0, not deleted: a HorizontalPodAutoscaler leaves a Deployment at 0 alone, and
+    the job's deletion removes it with the other children)."""
+    try:
+        kube.scale_deployment(ctx.api, job.namespace, ChildNames(job.name).builders, 0)
+    except client.ApiException as e:
+        if e.status != 404:
+            log.warning("%s/%s: cannot scale the builders to 0: %s", job.namespace, job.name, kube.reason(e))
+
+
+def clamp_clients(ctx: Context, job: JobRef, obs: Observed) -> None:
+    """Scales the clients' Indexed Job down to the shards that have a task to tune (an elastic
+    Indexed Job: completions and parallelism change together; the highest indexes go, and the
+    partition leaves only those empty). Idempotent: only while the Job has more."""
+    assert obs.clamp is not None
+    k = obs.clamp.shards
+    if obs.clients_job_shards is not None and obs.clients_job_shards > k and not obs.clients_finished:
+        try:
+            ctx.batch.patch_namespaced_job(ChildNames(job.name).clients, job.namespace,
+                                           {"spec": {"completions": k, "parallelism": k}})
+        except client.ApiException as e:
+            if not kube.is_rejection(e):
+                raise  # the API server is down or busy: next tick
+            # Refused (RBAC without patch on jobs, an API server before elastic Indexed Jobs): the
+            # clients of the empty shards then run, find nothing to do and exit 0; the status
+            # and the merge follow the clamp all the same.
+            metrics.ERRORS.labels("status", "ClampRejected").inc()
+            log.warning("%s/%s: cannot scale %s down to %d: %s", job.namespace, job.name,
+                        ChildNames(job.name).clients, k, kube.reason(e))
+            return
+        log.info("%s/%s: %s", job.namespace, job.name, obs.clamp.message)
+
+
+def _say_clamped(ctx: Context, body: dict[str, Any], obs: Observed, patch: kopf.Patch,
+                 generation: int | None) -> None:
+    """The clamp in the status (``clientShards``, a ``ShardsClamped`` condition) and one Event."""
+    assert obs.clamp is not None
+    status = body.get("status") or {}
+    conds = patch.status["conditions"] if "conditions" in patch.status else list(status.get("conditions") or [])
+    if any(c.get("type") == "ShardsClamped" for c in conds):
+        return
+    patch.status["clientShards"] = obs.clamp.shards
+    patch.status["conditions"] = condition(conds, "ShardsClamped", "True", "MoreShardsThanTasks",
+                                           obs.clamp.message, generation)
+    events.post(ctx.api, body, "Normal", "ShardsClamped", obs.clamp.message)
 
 
 def _last_reason(status: Any) -> str | None:

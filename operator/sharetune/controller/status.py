@@ -39,6 +39,11 @@ class ShardView:
     best_s: float | None = None
     resumed: int = 0
     message: str = ""
+    # The partition as the client computed it (the same in every shard): shards with a task to
+    # tune, the model's tasks, those with trials. None until the client has extracted its tasks.
+    useful_shards: int | None = None
+    tasks_total: int | None = None
+    tasks_to_tune: int | None = None
 
     @classmethod
     def from_progress(cls, index: int, text: str | None) -> "ShardView":
@@ -49,8 +54,13 @@ class ShardView:
         except ValueError:
             return cls(index)
         best = [t["best_s"] for t in p.get("tasks", []) if t.get("best_s")]
+
+        def opt(key: str) -> int | None:
+            return None if p.get(key) is None else int(p[key])
+
         return cls(index, p.get("state", "starting"), int(p.get("done", 0)), int(p.get("budget", 0)),
-                   min(best) if best else None, int(p.get("resumed", 0)), str(p.get("message", "")))
+                   min(best) if best else None, int(p.get("resumed", 0)), str(p.get("message", "")),
+                   opt("useful_shards"), opt("tasks_total"), opt("tasks_to_tune"))
 
     def as_status(self) -> dict[str, Any]:
         d: dict[str, Any] = {"index": self.index, "state": self.state, "done": self.done, "budget": self.budget}
@@ -75,6 +85,48 @@ class Observed:
     unschedulable: str | None = None  # "<component>: <scheduler's message>" of another pod of the job
     secret_problem: str | None = None  # the S3 credentials Secret is missing or lacks a key
     daemons: dict[str, "DaemonView"] = field(default_factory=dict)  # by GPU group ("0", "1", ...)
+    client_shards: int = 0  # shards the clients run: clients.shards, or fewer once clamped
+    clients_job_shards: int | None = None  # the clients' Job's completions (None: no Job seen)
+    clients_finished: bool = False  # the clients' Job is Complete or Failed
+    clamp: "Clamp | None" = None  # the shards report fewer shards with a task than clients.shards
+
+
+@dataclass(frozen=True)
+class Clamp:
+    shards: int  # shards with a task to tune: 0..shards-1
+    message: str
+
+
+def shard_clamp(spec_shards: int, shards: list[ShardView]) -> Clamp | None:
+    """The clamp of ``clients.shards`` to the shards that have a task to tune, once a client has
+    reported its partition (every client computes the same one); None while none has, or when
+    every shard has a task. The partition leaves shards empty only from the highest index down
+    (``partition.useful_shards``), so the clients' Job keeps every task when it is scaled down."""
+    reported = [s for s in shards if s.useful_shards is not None]
+    if not reported:
+        return None
+    r = min(reported, key=lambda s: s.useful_shards or 0)
+    k = max(1, r.useful_shards or 0)
+    if k >= spec_shards:
+        return None
+    tasks = r.tasks_to_tune if r.tasks_to_tune is not None else k
+    rest = (f" (the budget gives trials to {tasks} of the model's {r.tasks_total} tasks; the rest keep TVM's "
+            f"defaults)" if r.tasks_total is not None and r.tasks_total > tasks else "")
+    plural = "s" if k != 1 else ""
+    return Clamp(k, f"clients.shards {spec_shards} > {tasks} tasks to tune: clamped to {k} shard{plural}{rest}")
+
+
+def count_indexes(indexes: str | None, below: int) -> int:
+    """How many of an Indexed Job's ``completedIndexes`` ("0-3,5") are below ``below``: indexes
+    a clamped Job dropped may still be listed until its controller catches up."""
+    n = 0
+    for part in (indexes or "").split(","):
+        if not part.strip():
+            continue
+        lo, _, hi = part.partition("-")
+        a, b = int(lo), int(hi or lo)
+        n += max(0, min(b, below - 1) - a + 1)
+    return n
 
 
 @dataclass
@@ -134,12 +186,21 @@ def result_message(summary: dict[str, Any]) -> str:
             + "; the result keeps the default schedules; try a larger trials.total")
 
 
-def result_fields(summary: dict[str, Any]) -> dict[str, Any]:
+def fetch_command(namespace: str, name: str) -> str:
+    """How users get a finished job's result (``sharetune result``, tuner-image/sharetune_tuner/result.py):
+    the best records as a MetaSchedule database; ``compile`` instead of ``fetch`` builds the model too."""
+    return f"sharetune result fetch tj/{name} -n {namespace} -o DIR"
+
+
+def result_fields(summary: dict[str, Any], namespace: str | None = None, name: str | None = None) -> dict[str, Any]:
     """The merge summary's figures in the job's status: the delivered model's latency and
-    speed-up (1.0 when tuning did not beat the defaults), and which tasks kept their defaults."""
+    speed-up (1.0 when tuning did not beat the defaults), which tasks kept their defaults, and
+    (given the job's namespace and name) the command that fetches the result."""
     out: dict[str, Any] = {"bestSpeedup": summary.get("speedup"), "untunedLatencyMs": summary.get("latency_untuned_ms"),
                            "tunedLatencyMs": summary.get("latency_tuned_ms"), "trialsCompleted": summary.get("records"),
                            "improved": improved(summary)}
+    if namespace and name:
+        out["fetchCommand"] = fetch_command(namespace, name)
     if summary.get("speedup_of_records") is not None:
         out["recordsSpeedup"] = summary["speedup_of_records"]
     for key, field_ in (("tasks_left_at_default", "tasksLeftAtDefault"), ("tasks_default_won", "tasksDefaultWon")):
@@ -154,6 +215,12 @@ def improved_condition(conditions: list[dict[str, Any]], summary: dict[str, Any]
     if improved(summary):
         return condition(conditions, "Improved", "True", "FasterThanUntuned", result_message(summary), generation)
     return condition(conditions, "Improved", "False", "NotFasterThanUntuned", result_message(summary), generation)
+
+
+# What a user checks when a cuda job's pods find no GPU (after the scheduler's own words).
+GPU_HINT = ("; no node has a free nvidia.com/gpu for it: check the GPU nodes' allocatable nvidia.com/gpu "
+            "(kubectl describe nodes; the NVIDIA device plugin must run there), that spec.nodeSelector and "
+            "spec.tolerations match them, and which pods hold their GPUs")
 
 
 def next_phase(current: str | None, obs: Observed, shards: int) -> tuple[str, str, str]:
@@ -174,14 +241,15 @@ def next_phase(current: str | None, obs: Observed, shards: int) -> tuple[str, st
     if obs.clients_succeeded >= shards:
         return MERGING, "ShardsDone", f"all {shards} shards done; merging"
     if obs.daemon_unschedulable:
-        return PENDING, "GpuUnavailable", f"the MPS daemon cannot be scheduled: {obs.daemon_unschedulable}"
+        return PENDING, "GpuUnavailable", f"the MPS daemon cannot be scheduled: {obs.daemon_unschedulable}{GPU_HINT}"
     tuning = started(obs.shards)
     # Pods that can never start must say so instead of leaving the job silently Pending.
     if obs.secret_problem and not tuning:
         return PENDING, "SecretMissing", obs.secret_problem
     if obs.unschedulable and not tuning:
         gpu = "nvidia.com/gpu" in obs.unschedulable
-        return PENDING, "GpuUnavailable" if gpu else "Unschedulable", f"cannot be scheduled: {obs.unschedulable}"
+        return (PENDING, "GpuUnavailable" if gpu else "Unschedulable",
+                f"cannot be scheduled: {obs.unschedulable}{GPU_HINT if gpu else ''}")
     if tuning:
         return RUNNING, "Tuning", "clients are tuning"
     return (current or PENDING), "Starting", "waiting for tracker, servers and clients"

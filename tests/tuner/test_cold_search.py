@@ -1,0 +1,45 @@
+"""While MetaSchedule's cost model cannot rank candidates, the client can sample the batch at random
+instead of evolving a population by noise (client.cold_search_applies, SHARETUNE_COLD_SEARCH=replay;
+stock evolutionary search by default). Real cost models, real
+search strategies; the quality side (same best latencies) is measured on the H200
+(bench/h200/tune_cell.py cells' best_us, docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tvm.s_tir import meta_schedule as ms
+
+from sharetune_tuner.client import ClientConfig, cold_search_applies, search_strategy
+
+
+def _cfg(**kw: object) -> ClientConfig:
+    return ClientConfig(job="j", shard=0, shards=1, work_dir=Path("/nonexistent"), tracker_host="h", tracker_port=1,
+                        tracker_key="k", servers=1, total_trials=64, trials_per_task=16, **kw)  # type: ignore[arg-type]
+
+
+def test_stock_search_by_default(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("SHARETUNE_COLD_SEARCH", raising=False)
+    assert not cold_search_applies(_cfg(), ms.CostModel.create("random"), 16)
+    monkeypatch.setenv("SHARETUNE_COLD_SEARCH", "replay")
+    assert cold_search_applies(_cfg(), ms.CostModel.create("random"), 16)
+
+
+def test_a_cold_xgb_model_gets_random_sampling_until_it_can_rank() -> None:
+    xgb = ms.CostModel.create("xgb", num_tuning_cores=1)
+    assert xgb.num_warmup_samples == 100 and xgb.data_size == 0  # TVM's threshold: random scores below it
+    replay = _cfg(cold_search="replay")
+    assert cold_search_applies(replay, xgb, 16)
+    assert cold_search_applies(replay, xgb, 100)
+    # A task whose later rounds will be ranked by a trained model keeps the evolutionary search.
+    assert not cold_search_applies(replay, xgb, 101)
+    xgb.data_size = 90  # measurements of the shard's earlier tasks count
+    assert not cold_search_applies(replay, xgb, 16)
+    assert cold_search_applies(replay, ms.CostModel.create("random"), 10_000)
+    assert not cold_search_applies(_cfg(cold_search="evolutionary"), ms.CostModel.create("random"), 16)
+
+
+def test_the_strategies() -> None:
+    assert isinstance(search_strategy(_cfg(), cold=True), ms.search_strategy.ReplayTrace)
+    evo = search_strategy(_cfg(trials_per_iter=16))
+    assert isinstance(evo, ms.search_strategy.EvolutionarySearch) and evo.population_size == 128
