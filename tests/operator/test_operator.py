@@ -47,7 +47,7 @@ def test_invalid_specs_are_rejected_with_readable_messages(k8s, crd, ns) -> None
         ({"servers": {"replicas": 0}}, "spec.servers.replicas in body should be greater than or equal to 1"),
         ({"model": {"name": "resnet18", "onnx": {"url": "http://m/x.onnx"}}}, "set exactly one of model.name or model.onnx"),
         ({"model": {"onnx": {"url": "http://m/x.onnx", "pvc": {"claimName": "c", "path": "/m"}}}},
-         "set exactly one of onnx.url, onnx.configMap, onnx.pvc"),
+         "set exactly one of onnx.path (local mode only), onnx.url, onnx.configMap, onnx.pvc"),
         ({"target": "tpu"}, 'spec.target: Unsupported value: "tpu"'),
         ({"trials": {"total": 4, "perTask": 8}}, "trials.perTask cannot exceed trials.total"),
         ({"model": {"name": "vgg"}}, 'spec.model.name: Unsupported value: "vgg"'),
