@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from .api.spec import API_GROUP, API_VERSION
+from .api.spec import API_GROUP, API_VERSION, PLURAL
 
 TINY = {"model": {"name": "tiny_cnn", "inputShape": [1, 3, 32, 32]}, "target": "llvm",
         "trials": {"total": 8, "perTask": 2, "perIteration": 2}, "servers": {"replicas": 1},
@@ -46,16 +46,16 @@ def run(a: argparse.Namespace) -> int:
     body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "TuningJob", "metadata": {"name": a.name},
             "spec": TINY}
     try:
-        api.delete_namespaced_custom_object(API_GROUP, API_VERSION, a.namespace, "tuningjobs", a.name)
+        api.delete_namespaced_custom_object(API_GROUP, API_VERSION, a.namespace, PLURAL, a.name)
         time.sleep(2)
     except client.ApiException as e:
         if e.status != 404:
             raise
-    api.create_namespaced_custom_object(API_GROUP, API_VERSION, a.namespace, "tuningjobs", body)
+    api.create_namespaced_custom_object(API_GROUP, API_VERSION, a.namespace, PLURAL, body)
     deadline = time.monotonic() + a.timeout
     status: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        status = api.get_namespaced_custom_object(API_GROUP, API_VERSION, a.namespace, "tuningjobs",
+        status = api.get_namespaced_custom_object(API_GROUP, API_VERSION, a.namespace, PLURAL,
                                                   a.name).get("status") or {}
         if status.get("phase") == "Succeeded":
             print(f"{a.name} succeeded: {status.get('trialsCompleted')} trials, {result_worth(status)}")

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sharetune.api.spec import API_GROUP, API_VERSION, ModelSpec, OnnxSource, SpecError, TuningJobSpec, parse_spec
+from sharetune.api.spec import API_GROUP, API_VERSION, PLURAL, ModelSpec, OnnxSource, SpecError, TuningJobSpec, parse_spec
 from sharetune.api.topology import RECORDS_FILE, RESULT_OBJECT, SUMMARY_FILE, WORKLOADS_FILE, s3_object_key
 
 from .errors import TunerError
@@ -42,7 +42,6 @@ from .errors import TunerError
 DATABASE, RECORDS = "database", "records"  # DIR's JSONDatabases: what to apply, every trial
 LIBRARY, PARAMS, MODEL_JSON = "model.so", "params.npz", "model.json"
 _MERGE_DIRS = {DATABASE: "best", RECORDS: "records"}  # ours -> the merge's (merge.py's docstring)
-TUNINGJOBS = "tuningjobs"  # the CRD's plural (crds/tuningjobs.sharetune.io.yaml)
 _JOB_PREFIXES = ("tj/", "tuningjob/", "tuningjobs/", "tuningjob.sharetune.io/")
 SUCCEEDED = "Succeeded"
 
@@ -116,7 +115,7 @@ def _job(name: str, namespace: str | None) -> tuple[str, TuningJobSpec, str, Any
     custom, core, current = _kube_api()
     ns = namespace or current
     try:
-        body = custom.get_namespaced_custom_object(API_GROUP, API_VERSION, ns, TUNINGJOBS, name)
+        body = custom.get_namespaced_custom_object(API_GROUP, API_VERSION, ns, PLURAL, name)
     except ApiException as e:
         if e.status == 404:
             raise ResultError(f"no TuningJob {name!r} in namespace {ns!r} (give the namespace with -n)") from None

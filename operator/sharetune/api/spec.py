@@ -19,6 +19,7 @@ from .serving import tuning_pct_for
 API_GROUP = "sharetune.io"
 API_VERSION = "v1alpha1"
 KIND = "TuningJob"
+PLURAL = "tuningjobs"  # the CRD's resource name (crds/tuningjobs.sharetune.io.yaml)
 TARGETS = ("llvm", "cuda")
 COST_MODELS = ("xgb", "random")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?([KMGT]i?|[kmgt])?$")

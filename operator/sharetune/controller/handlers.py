@@ -15,11 +15,10 @@ from typing import Any
 
 import kopf
 
-from ..api.spec import API_GROUP, API_VERSION, parse_spec
+from ..api.spec import API_GROUP, API_VERSION, PLURAL, parse_spec
 from . import cleanup, metrics, reconcile
 from .context import MEMO_KEY, Context, load_api, of
 
-PLURAL = reconcile.PLURAL
 NAMESPACES_KEY = "namespaces"  # memo key main.py sets: the namespaces to watch (none = cluster-wide)
 log = logging.getLogger("sharetune.operator")
 

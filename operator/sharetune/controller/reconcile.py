@@ -19,7 +19,7 @@ from typing import Any
 import kopf
 from kubernetes import client
 
-from ..api.spec import API_GROUP, API_VERSION, SpecError, TuningJobSpec, check_runs_on_cluster, parse_spec
+from ..api.spec import API_GROUP, API_VERSION, PLURAL, SpecError, TuningJobSpec, check_runs_on_cluster, parse_spec
 from ..api.topology import ChildNames
 from ..planner import JobRef, daemon_names, plan, plan_merge, result_location, servers_scale
 from . import events, kube, metrics
@@ -28,7 +28,6 @@ from .observe import Snapshot, observe, snapshot
 from .status import (FAILED, FINAL, PENDING, SUCCEEDED, DaemonView, Observed, condition, improved_condition,
                      mps_recovery, next_phase, now, progress_fields, result_fields)
 
-PLURAL = "tuningjobs"
 log = logging.getLogger("sharetune.operator")
 
 
