@@ -40,6 +40,18 @@ def test_a_cold_xgb_model_gets_random_sampling_until_it_can_rank() -> None:
 
 
 def test_the_strategies() -> None:
-    assert isinstance(search_strategy(_cfg(), cold=True), ms.search_strategy.ReplayTrace)
+    assert isinstance(search_strategy(_cfg(cold_search="replay"), cold=True), ms.search_strategy.ReplayTrace)
     evo = search_strategy(_cfg(trials_per_iter=16))
     assert isinstance(evo, ms.search_strategy.EvolutionarySearch) and evo.population_size == 128
+
+
+def test_lite_keeps_evolution_with_a_population_sized_to_the_batch() -> None:
+    lite = _cfg(cold_search="lite", trials_per_iter=16)
+    assert cold_search_applies(lite, ms.CostModel.create("xgb", num_tuning_cores=1), 16)
+    cold = search_strategy(lite, cold=True)
+    assert isinstance(cold, ms.search_strategy.EvolutionarySearch)
+    # 2 per candidate instead of 8: the same generations over a quarter of the population
+    assert cold.population_size == 32 and cold.init_min_unmeasured == 16
+    assert cold.max_fail_count == 20  # as many draws before giving up as the stock 128 x 5
+    assert cold.genetic_num_iters == search_strategy(lite).genetic_num_iters
+    assert search_strategy(lite, cold=False).population_size == 128  # once the model ranks: stock sizing

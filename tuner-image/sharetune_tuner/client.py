@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -185,6 +186,16 @@ def plan_shard(tasks: list[Task], cfg: ClientConfig) -> ShardPlan:
                      useful_shards(bins), len(infos), len(tuned))
 
 
+# The searches a client may use while its cost model is cold (SHARETUNE_COLD_SEARCH); anything else
+# ("evolutionary") keeps stock evolutionary search sized to the batch throughout.
+#   replay: the batch sampled at random from the design space (ReplayTrace);
+#   lite:   evolutionary search with the same number of generations but a population of 2x the batch
+#           instead of 8x: with random scores the batch is a random draw from the evolved population,
+#           so its size buys nothing while sampling and mutating it costs in proportion.
+COLD_SEARCHES = ("replay", "lite")
+LITE_POPULATION_PER_CANDIDATE = 2
+
+
 def cold_search_applies(cfg: ClientConfig, cost_model: Any, trials: int) -> bool:
     """True when every round of a task's ``trials`` would be ranked by noise: MetaSchedule's XGB
     model predicts uniform random scores until it holds ``num_warmup_samples`` (100) measurements,
@@ -192,7 +203,7 @@ def cold_search_applies(cfg: ClientConfig, cost_model: Any, trials: int) -> bool
     cost each shard 20-25 s of CPU per round on the H200 (SampleInitPopulation + mutation for 16
     candidates, against ~0.5 CPU-s to build one); random sampling of the design space gives the
     same distribution of candidates for the price of the batch (bench/h200/search_cost.py)."""
-    if cfg.cold_search != "replay":
+    if cfg.cold_search not in COLD_SEARCHES:
         return False
     warmup = getattr(cost_model, "num_warmup_samples", None)
     if warmup is None:  # the random model (or none): never ranks
@@ -209,10 +220,19 @@ def search_strategy(cfg: ClientConfig, cold: bool = False) -> Any:
     (512 for 64); tuned ResNet-18 latency was no worse than with 32 per candidate."""
     from tvm.s_tir import meta_schedule as ms
 
-    if cold:
+    if cold and cfg.cold_search == "replay":
         return ms.search_strategy.ReplayTrace()
-    population = cfg.population_size or max(64, min(512, 8 * cfg.trials_per_iter))
-    return ms.search_strategy.EvolutionarySearch(population_size=population,
+    stock = cfg.population_size or max(64, min(512, 8 * cfg.trials_per_iter))
+    if not (cold and cfg.cold_search == "lite"):
+        return ms.search_strategy.EvolutionarySearch(population_size=stock, init_min_unmeasured=min(50, stock // 2))
+    population = max(16, LITE_POPULATION_PER_CANDIDATE * cfg.trials_per_iter)
+    # The initial sampling gives up (and MetaSchedule ends the task, with no trial) after
+    # max_fail_count rounds of `population` draws without one valid schedule. CUDA tasks whose
+    # random schedules rarely pass VerifyGPUCode lost every trial with the stock 5 rounds of a
+    # small population (H200 round r12: 3 of 6 tasks); as many draws as the stock population
+    # gets keeps them, and costs only where valid schedules are that rare.
+    fails = 5 * math.ceil(stock / population)
+    return ms.search_strategy.EvolutionarySearch(population_size=population, max_fail_count=fails,
                                                  init_min_unmeasured=min(50, population // 2))
 
 
@@ -329,6 +349,9 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
                           measure_callbacks=callbacks, task_scheduler="round-robin")
         progress.phases = {k: round(float(v), 3) for k, v in prof.get().items()}
     log.info("where the time went:\n%s", prof.table())
+    if hasattr(builder, "remote_builds"):  # RemoteBuilder: where this shard's candidates were built
+        log.info("candidates built: remote %d, here %d, retried %d, waited %.1f s for a builder",
+                 builder.remote_builds, builder.local_builds, builder.retried, builder.waited_s)
     progress.state = "done"
     progress.write(progress_path)
     return progress
