@@ -17,7 +17,21 @@ def test_cgroup_cpu_max_is_read_as_cores(tmp_path: Path) -> None:
     assert cgroup_cpu_limit(f) == 2.5
     f.write_text("garbage")
     assert cgroup_cpu_limit(f) is None
-    assert cgroup_cpu_limit(tmp_path / "missing") is None
+    assert cgroup_cpu_limit(tmp_path / "missing", v1_dirs=(tmp_path / "no-v1",)) is None
+
+
+def test_cgroup_v1_cfs_quota_is_read_when_there_is_no_cpu_max(tmp_path: Path) -> None:
+    # A node on cgroup v1 (runc mounts the container's own cpu controller): no cpu.max there.
+    v1 = tmp_path / "cpu"
+    v1.mkdir()
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    (v1 / "cpu.cfs_quota_us").write_text("50000\n")  # limits.cpu: 500m
+    missing = tmp_path / "cpu.max"
+    assert cgroup_cpu_limit(missing, v1_dirs=(tmp_path / "absent", v1)) == 0.5
+    assert available_cpus(missing, v1_dirs=(v1,)) == 1
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")  # no limit
+    assert cgroup_cpu_limit(missing, v1_dirs=(v1,)) is None
+    assert available_cpus(missing, v1_dirs=(v1,)) == len(os.sched_getaffinity(0))
 
 
 def test_a_pods_cpu_limit_caps_the_cpus(tmp_path: Path) -> None:

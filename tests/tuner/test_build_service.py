@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 import urllib.request
@@ -124,6 +125,9 @@ def test_the_service_builds_every_candidate_of_a_client(service, tmp_path: Path,
 def test_over_tcp_a_wrong_key_is_refused_and_the_right_one_gets_the_artifacts_bytes(
         builders, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     [(addr, port, svc)] = builders(1)
+    # What the builder pod's TCP readiness probe does every 2 s: connect, close. Not a refusal.
+    host, _, p = addr.rpartition(":")
+    socket.create_connection((host, int(p)), timeout=5).close()
     monkeypatch.setenv(AUTHKEY_ENV, "not-the-key")
     wrong = RemoteBuilder(addr, fallback_workers=1)
     with caplog.at_level(logging.WARNING, "sharetune.build"):
@@ -133,6 +137,8 @@ def test_over_tcp_a_wrong_key_is_refused_and_the_right_one_gets_the_artifacts_by
     assert measured(recs) == BUDGET  # no trial lost
     assert builds_counted(port) == 0
     wait_until(lambda: "refused a connection from 127.0.0.1:" in svc.text(), 10, "the service's refusal line")
+    refusals = [ln for ln in svc.text().splitlines() if "refused a connection" in ln]
+    assert all("AuthenticationError" in ln for ln in refusals), refusals  # the wrong key's, not the probe's
     assert svc.popen.poll() is None  # a refused peer does not stop the service
     wrong.shutdown()
     # The job's key: the service builds every candidate, and the client writes each artifact's

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import shutil
 import socket
 import threading
@@ -96,7 +97,12 @@ class BuildService:
         with conn:
             try:
                 accept_handshake(conn, self.key)
-            except (AuthenticationError, EOFError, OSError) as e:
+            except (EOFError, ConnectionError) as e:
+                # Closed before answering the challenge: the pod's TCP readiness probe does that
+                # every periodSeconds (a warning each time would bury the real refusals).
+                log.debug("build service: %s closed the connection before the handshake (%s)", peer, type(e).__name__)
+                return
+            except (AuthenticationError, OSError) as e:
                 # Nothing of the peer's was unpickled: the handshake comes first.
                 log.warning("build service: refused a connection from %s (%s: %s): not the job's key",
                             peer, type(e).__name__, e or "no answer in time")
@@ -144,8 +150,11 @@ class BuildService:
             listener.close()
             if self.family == "AF_UNIX":
                 Path(str(self.address)).unlink(missing_ok=True)
-            self.pool.shutdown()
+            self.pool.shutdown()  # joins the workers: their CPU time is now this process's children's
             n = self.counts()
-            log.info("build service stopped: %d builds (ok %d, error %d, timeout %d)",
-                     sum(n.values()), n["ok"], n["error"], n["timeout"])
+            ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu_s = ru.ru_utime + ru.ru_stime  # workers incl. start-up, PCH creation, the g++ link
+            log.info("build service stopped: %d builds (ok %d, error %d, timeout %d), %.1f CPU-s in its workers "
+                     "(%.2f per build)", sum(n.values()), n["ok"], n["error"], n["timeout"], cpu_s,
+                     cpu_s / max(1, sum(n.values())))
         return 0

@@ -13,13 +13,33 @@ import os
 from pathlib import Path
 
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+# cgroup v1 (nodes whose kubelet and runtime still use it): the container's CPU controller.
+CGROUP_V1_CPU_DIRS = (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup/cpu,cpuacct"))
 
 
-def cgroup_cpu_limit(cpu_max: Path = CGROUP_CPU_MAX) -> float | None:
-    """The cgroup v2 CPU limit in cores (``cpu.max`` = "<quota> <period>", or "max <period>")."""
+def _cfs_quota(dirs: tuple[Path, ...]) -> tuple[str, str] | None:
+    for d in dirs:
+        try:
+            return (d / "cpu.cfs_quota_us").read_text().strip(), (d / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            continue
+    return None
+
+
+def cgroup_cpu_limit(cpu_max: Path = CGROUP_CPU_MAX,
+                     v1_dirs: tuple[Path, ...] = CGROUP_V1_CPU_DIRS) -> float | None:
+    """The cgroup CPU limit in cores: v2 ``cpu.max`` = "<quota> <period>" (or "max <period>");
+    without it, v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (quota -1: no limit)."""
     try:
         quota, period = cpu_max.read_text().split()[:2]
-    except (OSError, ValueError):
+    except OSError:
+        v1 = _cfs_quota(v1_dirs)
+        if v1 is None:
+            return None
+        quota, period = v1
+        if quota.startswith("-"):
+            return None  # -1: no limit
+    except ValueError:
         return None
     if quota == "max":
         return None
@@ -29,13 +49,13 @@ def cgroup_cpu_limit(cpu_max: Path = CGROUP_CPU_MAX) -> float | None:
         return None
 
 
-def available_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
+def available_cpus(cpu_max: Path = CGROUP_CPU_MAX, v1_dirs: tuple[Path, ...] = CGROUP_V1_CPU_DIRS) -> int:
     """CPUs this process may use: its affinity mask, capped by its cgroup's CPU limit."""
     try:
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         n = os.cpu_count() or 1
-    limit = cgroup_cpu_limit(cpu_max)
+    limit = cgroup_cpu_limit(cpu_max, v1_dirs)
     if limit is not None:
         n = min(n, max(1, math.ceil(limit)))
     return max(1, n)
