@@ -6,6 +6,10 @@ the tracker to one RPC server on the whole GPU (no MPS), the xgb cost model, the
 evolutionary search (population 512), the gradient task scheduler, 64 candidates per batch.
 Only the budget (K x T trials, at most T per task), the seed and the RPC session timeout (30 s
 instead of 10 s, so that no trial is lost to a slow session start) are set.
+
+``real_budget.py`` also runs it over the whole model (``--tasks 0``) with a global budget
+(``--total``), and as a knowledgeable user would set it up (``--runner-workers N`` with N servers
+under the key, ``--builder-workers`` = cores); left out, those are stock.
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ def main() -> int:
     ap.add_argument("--work-dir", type=Path, required=True)
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--target", default="cuda")
-    ap.add_argument("--tasks", type=int, required=True)
+    ap.add_argument("--tasks", type=int, required=True, help="the K heaviest tasks; 0 = all of the model's")
     ap.add_argument("--trials", type=int, required=True, help="per task")
+    ap.add_argument("--total", type=int, default=None, help="max_trials_global (default: tasks x trials)")
+    ap.add_argument("--runner-workers", type=int, default=None, help="RPCRunner max_workers (default: stock, 1)")
+    ap.add_argument("--builder-workers", type=int, default=None, help="LocalBuilder max_workers (default: stock)")
     ap.add_argument("--tracker", required=True)
     ap.add_argument("--key", required=True)
     ap.add_argument("--seed", type=int, default=0)
@@ -38,24 +45,31 @@ def main() -> int:
 
     model = load(name=a.model)
     target = make_target(a.target)
-    tasks = heaviest(extract(model.mod, target), a.tasks)
+    tasks = extract(model.mod, target)
+    tasks = heaviest(tasks, a.tasks) if a.tasks > 0 else tasks
     t_extracted = time.time()
+    task_list = [{"name": t.info.name, "workload_hash": t.info.workload_hash, "flops": t.info.flops,
+                  "weight": t.info.weight} for t in tasks]
+    # now, not only at the end: a run stopped at the end of its window never writes client.json
+    (a.work_dir / "tasks.json").write_text(json.dumps(task_list))
     host, port = a.tracker.rsplit(":", 1)
     (a.work_dir / "db").mkdir(parents=True, exist_ok=True)
     ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
         [t.extracted for t in tasks], work_dir=str(a.work_dir / "logs"), seed=a.seed)
     runner = ms.runner.RPCRunner(rpc_config=ms.runner.RPCConfig(
-        tracker_host=host, tracker_port=int(port), tracker_key=a.key, session_timeout_sec=30))
+        tracker_host=host, tracker_port=int(port), tracker_key=a.key, session_timeout_sec=30),
+        **({"max_workers": a.runner_workers} if a.runner_workers else {}))
+    builder = (ms.builder.LocalBuilder(max_workers=a.builder_workers) if a.builder_workers
+               else ms.builder.LocalBuilder())
     with ms.Profiler() as prof:
         ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=str(a.work_dir / "logs"),
-                      max_trials_global=a.tasks * a.trials, max_trials_per_task=a.trials,
-                      builder=ms.builder.LocalBuilder(), runner=runner,
+                      max_trials_global=a.total or a.tasks * a.trials, max_trials_per_task=a.trials,
+                      builder=builder, runner=runner,
                       database=ms.database.JSONDatabase(work_dir=str(a.work_dir / "db")), cost_model="xgb")
         phases = {k: round(float(v), 3) for k, v in prof.get().items()}
     (a.work_dir / "client.json").write_text(json.dumps({
         "started_at": t_start, "extracted_at": t_extracted, "done_at": time.time(), "phases": phases,
-        "tasks": [{"name": t.info.name, "workload_hash": t.info.workload_hash, "flops": t.info.flops,
-                   "weight": t.info.weight} for t in tasks]}))
+        "tasks": task_list}))
     return 0
 
 

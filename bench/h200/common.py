@@ -180,8 +180,11 @@ class Sampler:
     """CPU (psutil, whole machine) and GPU (NVML) utilisation, plus the record counts of the
     databases being written, every ``period_s``: the time line of a tuning run."""
 
-    def __init__(self, db_dirs: list[Path] | None = None, period_s: float = 0.5) -> None:
+    def __init__(self, db_dirs: list[Path] | None = None, period_s: float = 0.5,
+                 core_groups: dict[str, list[int]] | None = None) -> None:
         self.db_dirs = db_dirs or []
+        # name -> CPUs: the mean busy % of each group too (the tuning cores vs the builders' cores)
+        self.core_groups = core_groups or {}
         self.period_s = period_s
         self.samples: list[dict[str, Any]] = []
         self._stop = threading.Event()
@@ -217,6 +220,10 @@ class Sampler:
         psutil.cpu_percent(interval=None)
         while not self._stop.wait(self.period_s):
             s: dict[str, Any] = {"t": time.time(), "cpu": psutil.cpu_percent(interval=None)}
+            if self.core_groups:
+                per = psutil.cpu_percent(interval=None, percpu=True)
+                s["cpu_groups"] = {k: round(sum(per[c] for c in cs) / len(cs), 1)
+                                   for k, cs in self.core_groups.items() if cs and max(cs) < len(per)}
             if h is not None:
                 try:
                     s["gpu"] = pynvml.nvmlDeviceGetUtilizationRates(h).gpu
@@ -238,7 +245,10 @@ class Sampler:
         xs = [s for s in self.samples if t0 <= s["t"] <= t1]
         cpu = [s["cpu"] for s in xs]
         gpu = [s["gpu"] for s in xs if "gpu" in s]
+        groups = {k: [s["cpu_groups"][k] for s in xs if k in s.get("cpu_groups", {})] for k in self.core_groups}
         return {"samples": len(xs), "period_s": self.period_s,
+                **({"cpu_util_by_cores": {k: round(sum(v) / len(v), 1) for k, v in groups.items() if v}}
+                   if groups else {}),
                 "cpu_util_mean": round(sum(cpu) / len(cpu), 1) if cpu else None,
                 "gpu_util_mean": round(sum(gpu) / len(gpu), 1) if gpu else None,
                 "gpu_mem_max_mb": max((s.get("gpu_mem_mb", 0) for s in xs), default=None)}
@@ -254,6 +264,15 @@ class Sampler:
                     times.append(s["t"])
             out[k] = times
         return out
+
+
+def parse_cpus(text: str) -> list[int]:
+    """A CPU list as taskset writes it ("0-7", "8-11,14") as sorted CPU numbers."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return sorted(out)
 
 
 # ---- tasks ------------------------------------------------------------------------------------

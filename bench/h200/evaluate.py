@@ -63,26 +63,37 @@ def improving_records(cell: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def compile_model(db_dirs: list[Path], model_name: str, target_kind: str, wd: Path) -> dict[str, int]:
+    """Merges ``db_dirs`` into ``wd/records`` (every record) and ``wd/best`` (the best record per
+    workload), compiles the whole model with ``wd/best`` (``compile_relax``; tasks without a record
+    get TVM's defaults) and exports it to ``wd/model.so``; returns the merge's counts."""
+    from sharetune_tuner import records
+    from sharetune_tuner.merge import compile_with
+    from sharetune_tuner.model import load
+    from sharetune_tuner.targets import make_target
+
+    wd.mkdir(parents=True, exist_ok=True)
+    target = make_target(target_kind)
+    model = load(name=model_name)
+    counts = records.merge(db_dirs, wd / "records", wd / "best")
+    ex = compile_with(wd / "best", model, target)
+    ex.export_library(str(wd / "model.so"))
+    return counts
+
+
 def prepare(run_id: str, model_name: str, target_kind: str) -> None:
     """Merge, compile the model with the best records, build the improving records."""
     from tvm.s_tir import meta_schedule as ms
     import tvm
 
-    from sharetune_tuner import records
     from sharetune_tuner.builder import PooledBuilder
-    from sharetune_tuner.merge import compile_with
-    from sharetune_tuner.model import load
     from sharetune_tuner.targets import make_target
 
     cell = load_cells(CELLS)[run_id]
     wd = RUN_ROOT / "runs" / run_id / "eval"
-    wd.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     target = make_target(target_kind)
-    model = load(name=model_name)
-    counts = records.merge([Path(d) for d in cell["db_dirs"]], wd / "records", wd / "best")
-    ex = compile_with(wd / "best", model, target)
-    ex.export_library(str(wd / "model.so"))
+    counts = compile_model([Path(d) for d in cell["db_dirs"]], model_name, target_kind, wd)
     t_compile = time.time() - t0
     imp = improving_records(cell)
     inputs, keep = [], []

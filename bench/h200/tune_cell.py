@@ -11,13 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from common import (RUN_ROOT, Group, Sampler, append_cell, free_port, gpu_name, load_cells, log,
-                    mps_control, tuner_env)
+                    mps_control, parse_cpus, tuner_env)
 
 CELLS = "h200-cells.jsonl"
 
@@ -53,7 +55,12 @@ def _failed(recs: list[Any]) -> int:
     return n
 
 
-def run_baseline(a: argparse.Namespace, wd: Path) -> dict[str, Any]:
+def run_baseline(a: argparse.Namespace, wd: Path, servers: int = 1, runner_workers: int | None = None,
+                 builder_workers: int | None = None) -> dict[str, Any]:
+    """Stock MetaSchedule (baseline_client.py) through a tracker and ``servers`` RPC servers on the
+    whole GPU (no MPS). ``runner_workers`` / ``builder_workers``: RPCRunner / LocalBuilder
+    max_workers (None: stock). With ``a.window_s`` the client is stopped (its process group) at
+    the window's end, keeping every record written so far; ``a.total``: the global budget."""
     from sharetune_tuner.client import wait_for_tracker
 
     env = tuner_env()
@@ -61,30 +68,49 @@ def run_baseline(a: argparse.Namespace, wd: Path) -> dict[str, Any]:
     port = free_port()
     key = "baseline"
     db = wd / "db"
+    window_s = getattr(a, "window_s", None)
+    total = getattr(a, "total", None)
     sampler = Sampler([db]).start()
     t0 = time.time()
+    stopped_at_window = False
     try:
         g.start("tracker", [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
                             "--port", str(port), "--port-end", str(port + 1), "--silent"], env)
         time.sleep(1.0)
-        g.start("server", [sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}",
-                           "--key", key, "--host", "127.0.0.1", "--port", "9300", "--port-end", "9330",
+        for j in range(servers):  # one server: the argv of every earlier baseline cell
+            name, lo = ("server", 9300) if servers == 1 else (f"server-{j}", 9300 + 40 * j)
+            g.start(name, [sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}",
+                           "--key", key, "--host", "127.0.0.1", "--port", str(lo), "--port-end", str(lo + 30),
                            "--silent"], env)
         wait_for_tracker("127.0.0.1", port, key, 60.0)
+        extra = [*(["--total", str(total)] if total else []),
+                 *(["--runner-workers", str(runner_workers)] if runner_workers else []),
+                 *(["--builder-workers", str(builder_workers)] if builder_workers else [])]
         client = g.start("client", [sys.executable, str(Path(__file__).with_name("baseline_client.py")),
                                     "--work-dir", str(wd), "--model", a.model, "--target", a.target,
                                     "--tasks", str(a.tasks), "--trials", str(a.trials),
-                                    "--tracker", f"127.0.0.1:{port}", "--key", key, "--seed", str(a.seed)], env)
-        rc = client.wait(a.timeout)
+                                    "--tracker", f"127.0.0.1:{port}", "--key", key, "--seed", str(a.seed), *extra],
+                         env)
+        if window_s:
+            try:
+                rc = client.wait(max(0.0, t0 + window_s - time.time()))
+            except subprocess.TimeoutExpired:
+                rc, stopped_at_window = 0, True
+        else:
+            rc = client.wait(a.timeout)
         t1 = time.time()
         if rc != 0:
             raise RuntimeError(f"baseline client exited {rc}:\n{g.tail('client')}")
     finally:
         g.stop()
         sampler.stop()
-    info = json.loads((wd / "client.json").read_text())
+    if stopped_at_window:
+        info = {"phases": None, "tasks": json.loads((wd / "tasks.json").read_text())
+                if (wd / "tasks.json").exists() else []}
+    else:
+        info = json.loads((wd / "client.json").read_text())
     return {"t0": t0, "t1": t1, "db_dirs": [str(db)], "sampler": sampler, "phases": [info["phases"]],
-            "tasks": info["tasks"]}
+            "tasks": info["tasks"], **({"stopped_at_window": stopped_at_window} if window_s else {})}
 
 
 def _mps_servers(wd: Path) -> str:
@@ -111,12 +137,21 @@ def run_sharetune(a: argparse.Namespace, wd: Path) -> dict[str, Any]:
     from sharetune_tuner.cpus import default_builder_workers
     from sharetune_tuner.local import LocalRun
 
+    # --cores: the tuning topology (tracker, servers, clients, their own builds) pinned to these CPUs,
+    # as on a GPU node with that many cores; children inherit this process's affinity.
+    topo_cpus = parse_cpus(a.cores) if a.cores else sorted(os.sched_getaffinity(0))
+    # --builder-pods K --builder-cores LIST: K build services over TCP, each pinned to its own slice
+    # of LIST (disjoint from --cores), as builder pods on CPU nodes would be; the clients send every
+    # candidate there (remote_builder.RemoteBuilder).
+    pod_cpus = _split_cpus(parse_cpus(a.builder_cores), a.builder_pods) if a.builder_pods else []
     # --builder-workers N: every client its own pool of N (rounds up to r5: N = 2 x cores / clients);
     # default: the clients share one build service of the host's cores (local mode's default).
-    shared = a.builder_workers is None and a.clients > 1
-    workers = a.builder_workers or (os.cpu_count() or 1 if shared else
-                                    default_builder_workers(a.clients, os.cpu_count()))
-    mps = a.pct < 100 or a.servers > 1
+    shared = a.builder_workers is None and a.clients > 1 and not pod_cpus
+    workers = a.builder_workers or (len(topo_cpus) if shared else
+                                    default_builder_workers(a.clients, len(topo_cpus)))
+    mps = a.target == "cuda" and (a.pct < 100 or a.servers > 1)  # MPS only means something on a GPU
+    window_s = getattr(a, "window_s", None)
+    total = getattr(a, "total", None) or a.tasks * a.trials
     job = wd / "job.yaml"
     job.write_text(f"""apiVersion: sharetune.io/v1alpha1
 kind: TuningJob
@@ -127,7 +162,7 @@ spec:
     name: {a.model}
   target: {a.target}
   trials:
-    total: {a.tasks * a.trials}
+    total: {total}
     perTask: {a.trials}
     perIteration: {a.per_iter}
   servers:
@@ -135,7 +170,7 @@ spec:
     threadPercentage: {a.pct}
   clients:
     shards: {a.clients}
-{"" if shared else f"    builderWorkers: {workers}"}
+{"" if shared or pod_cpus else f"    builderWorkers: {workers}"}
   gpuSharing:
     mps: {str(mps).lower()}
   costModel: xgb
@@ -151,19 +186,36 @@ spec:
             self.procs.append(p)
             return p
 
+        def shares_builder(self) -> bool:
+            return shared
+
     lr = BenchRun(spec, job, wd)
     dbs = [lr.shard_dir(i) for i in range(a.clients)]
-    sampler = Sampler(dbs).start()
+    groups = {"topology": topo_cpus, **({"builders": [c for cs in pod_cpus for c in cs]} if pod_cpus else {})}
+    sampler = Sampler(dbs, core_groups=groups).start()
+    pods = Group(wd / "logs")
     t0 = time.time()
     mps_check = None
     try:
+        addrs = []
+        for k, cpus in enumerate(pod_cpus):
+            port = free_port()
+            os.sched_setaffinity(0, cpus)  # the pod's process (and its workers) inherit these CPUs
+            pods.start(f"builder-{k}", [sys.executable, "-m", "sharetune_tuner.cli", "build-service", "--listen",
+                                        f"127.0.0.1:{port}", "--workers", str(len(cpus)), "--metrics-port", "-1"],
+                       lr._base_env())
+            addrs.append(f"127.0.0.1:{port}")
+        os.sched_setaffinity(0, topo_cpus)
         lr.start_services()
-        lr.run_clients()
+        if addrs:
+            lr.build_socket = ",".join(addrs)  # type: ignore[assignment]  # client_args passes it on
+        finished = _run_clients(lr, t0 + window_s if window_s else None)
         t1 = time.time()
         if mps:
             mps_check = _mps_servers(wd)
     finally:
         lr.stop_all()
+        pods.stop()
         sampler.stop()
     phases, tasks, startup = [], [], []
     for d in dbs:
@@ -173,16 +225,76 @@ spec:
         tasks += [{"name": t["name"], "workload_hash": t["workload_hash"], "budget": t["budget"]}
                   for t in pr.get("tasks", [])]
     return {"t0": t0, "t1": t1, "db_dirs": [str(d) for d in dbs], "sampler": sampler, "phases": phases,
-            "builder": ("build service: one PooledBuilder for all clients" if shared else "PooledBuilder")
-                       + "(build_without_intrinsics, export .so)",
+            "builder": (f"{len(pod_cpus)} build services over TCP (RemoteBuilder)" if pod_cpus else
+                        "build service: one PooledBuilder for all clients" if shared else "PooledBuilder in each client")
+                       + " (build_without_intrinsics, export .so)",
+            "cores": topo_cpus, "builder_pods": len(pod_cpus), "builder_pod_cpus": pod_cpus,
+            "builder_logs": {p.name: _build_counts(wd / "logs" / f"{p.name}.log")
+                             for p in lr.procs if p.name.startswith("client")} if pod_cpus else None,
             "shared_builder": shared, "runner": "SessionRPCRunner",
             "tasks": tasks, "mps": mps, "mps_server_list": mps_check, "builder_workers": workers,
             "client_startup": startup,
             "pop_per_cand": a.pop_per_cand or 8,
-            "client_restarts": sum(p.restarts for p in lr.procs if p.name.startswith("client"))}
+            "client_restarts": sum(p.restarts for p in lr.procs if p.name.startswith("client")),
+            **({"stopped_at_window": not finished} if window_s else {})}
 
 
-def main() -> int:
+def _run_clients(lr: Any, deadline: float | None) -> bool:
+    """``lr.run_clients()``; with a ``deadline`` (time.time()) in a thread, returning at the
+    deadline if the clients are still tuning (the caller's ``stop_all`` then stops them, each by
+    its process group: every record written so far stays). True when the clients finished."""
+    if deadline is None:
+        lr.run_clients()
+        return True
+    import threading
+
+    err: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            lr.run_clients()
+        except BaseException as e:  # re-raised below, as run_clients would have raised it
+            err.append(e)
+
+    th = threading.Thread(target=run, name="run-clients", daemon=True)
+    th.start()
+    th.join(max(0.0, deadline - time.time()))
+    if err:
+        raise err[0]
+    if not th.is_alive():
+        return True
+    # The window is over: no restart from here on, and every client's group gets SIGTERM at once,
+    # so that stop_all (one process after the other, 10 s grace each) only waits for them.
+    lr.stopping = True
+    for p in list(lr.procs):
+        if p.name.startswith("client"):
+            p.kill(signal.SIGTERM)
+    return False
+
+
+def _split_cpus(cpus: list[int], k: int) -> list[list[int]]:
+    """``cpus`` in ``k`` contiguous, disjoint slices (sizes differ by at most one)."""
+    if k > len(cpus):
+        raise SystemExit(f"--builder-pods {k} > {len(cpus)} --builder-cores")
+    q, r = divmod(len(cpus), k)
+    out, i = [], 0
+    for j in range(k):
+        n = q + (1 if j < r else 0)
+        out.append(cpus[i:i + n])
+        i += n
+    return out
+
+
+def _build_counts(log_path: Path) -> str | None:
+    """The client's last line about where its candidates were built (remote_builder logs it)."""
+    try:
+        lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if "candidates built:" in ln]
+    except OSError:
+        return None
+    return lines[-1][-200:] if lines else None
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--id", required=True)
     ap.add_argument("--mode", choices=["baseline", "sharetune"], required=True)
@@ -195,13 +307,23 @@ def main() -> int:
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--pct", type=int, default=100)
     ap.add_argument("--builder-workers", type=int, default=None)
+    ap.add_argument("--cores", default=None, help="CPUs of the tuning topology, e.g. 0-7 (default: all)")
+    ap.add_argument("--builder-pods", type=int, default=0, help="build services over TCP on --builder-cores")
+    ap.add_argument("--builder-cores", default=None, help="CPUs of the build services, e.g. 8-15")
     ap.add_argument("--pop-per-cand", type=int, default=None, help="sharetune: population per candidate")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=520.0)
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--round", default=None,
                     help="measurement round (one machine, one session): ratios compare cells of one round")
-    a = ap.parse_args()
+    ap.add_argument("--total", type=int, default=None, help="global trial budget (default: tasks x trials)")
+    ap.add_argument("--window-s", type=float, default=None,
+                    help="stop the run this many seconds after its start, keeping its records (default: none)")
+    return ap
+
+
+def main() -> int:
+    a = parser().parse_args()
     if a.id in load_cells(CELLS) and not a.force:
         log(f"{a.id}: already done, skipped")
         return 0
@@ -221,7 +343,7 @@ def main() -> int:
     last = max((ts[-1] for ts in times.values() if ts), default=t1)
     cell = {
         "id": a.id, "mode": a.mode, "model": a.model, "target": a.target, "gpu": gpu_name(),
-        "tasks": a.tasks, "trials_per_task": a.trials, "budget": a.tasks * a.trials,
+        "tasks": a.tasks, "trials_per_task": a.trials, "budget": a.total or a.tasks * a.trials,
         "clients": a.clients if a.mode == "sharetune" else 1,
         "servers": a.servers if a.mode == "sharetune" else 1,
         "thread_pct": a.pct if a.mode == "sharetune" else 100,

@@ -187,6 +187,16 @@ def test_a_builder_killed_mid_batch_costs_a_retry_never_a_trial(builders, tmp_pa
     builder.shutdown()
 
 
+def test_an_empty_round_builds_to_nothing(service, monkeypatch: pytest.MonkeyPatch) -> None:
+    # MetaSchedule sends one when a task's design space is used up (whole-model runs: a reshape);
+    # it crashed the client (chunk size 0) at every restart.
+    sock, _, _ = service
+    monkeypatch.setenv(AUTHKEY_ENV, KEY)
+    builder = RemoteBuilder(sock, fallback_workers=1)
+    assert builder.build([]) == [] and builder.remote_builds == builder.local_builds == 0
+    builder.shutdown()
+
+
 def test_with_no_builder_answering_the_client_builds_itself_after_a_bounded_wait(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(AUTHKEY_ENV, KEY)

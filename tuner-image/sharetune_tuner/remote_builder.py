@@ -177,6 +177,8 @@ class RemoteBuilder(PyBuilder):
                 self.remote_builds += len(chunk)
 
     def build(self, build_inputs: list[Any]) -> list[Any]:
+        if not build_inputs:  # a task whose design space is used up (a reshape) gets an empty round
+            return []
         items = [(b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
         results: list[Result | None] = [None] * len(items)
         if self._ready():

@@ -1,0 +1,654 @@
+"""Issue 21, the headline at real budgets: whole networks, equal wall-clock windows, three arms.
+
+Each arm tunes every task of the whole model with a budget it cannot exhaust (20,000 trials) and
+stops itself at the end of its window (one device command), keeping every record measured so far:
+
+  stock        stock MetaSchedule as shipped: ``baseline_client.py`` in one process (LocalBuilder,
+               RPCRunner with one worker, one RPC server on the whole GPU, evolutionary search,
+               64 candidates per batch, gradient task scheduler); only the budget, the seed and
+               the RPC session timeout (30 s) are set
+  stock-tuned  the same as a knowledgeable user would set it up: a tracker with N RPC servers on
+               the GPU (no MPS), RPCRunner(max_workers=N), LocalBuilder(max_workers=cores), the
+               rest stock (N = 4, see STOCK_TUNED_SERVERS)
+  sharetune    the local-mode topology as ``tune_cell.py --mode sharetune`` runs it (6 clients,
+               6 servers at 50% under MPS, 16 candidates per round, one build service), over the
+               whole model
+
+  python bench/h200/real_budget.py tune --network resnet50 --arm stock --seed 0 [--window-s 540]
+  python bench/h200/real_budget.py evaluate --network resnet50 --seed 0 [--checkpoints 60,120,...]
+  python bench/h200/real_budget.py summarize [--out FILE.json] [--plot FILE.png]
+
+``tune`` appends the arm's result (knobs, trials and trials/s in the window, CPU/GPU utilisation,
+the time each record appeared) to ``h200-real-budget-arms.jsonl`` (common.append_cell: also to
+$OUT) and packs its record databases into ``$OUT/<arm id>.tar.gz``. ``evaluate`` compiles the
+whole model with each arm's best records as they stood at each checkpoint (the databases cut at
+the record-time trace), plus the untuned model, measures them all in one process on the GPU and
+appends the curves to ``h200-real-budget-eval.jsonl``. ``summarize`` (no GPU) computes the ratios
+per network and baseline and writes ``bench/results/h200-real-budget.json`` and the plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common import RESULTS, ROOT, RUN_ROOT, append_cell, gpu_name, load_cells, log, tuner_env
+
+HERE = Path(__file__).resolve().parent
+ARMS_FILE = "h200-real-budget-arms.jsonl"
+EVAL_FILE = "h200-real-budget-eval.jsonl"
+SUMMARY_JSON = RESULTS / "h200-real-budget.json"
+PLOT_PNG = ROOT / "docs" / "h200-real-budget.png"
+NETWORKS = ("resnet50", "mobilenet_v2", "resnet18", "tiny_cnn")  # the last two: smoke tests
+ARMS = ("stock", "stock-tuned", "sharetune")
+BASELINES = ("stock", "stock-tuned")
+TOTAL = 20000  # TLCBench's ResNet-50 budget: no arm exhausts it in a 9-minute window
+# stock-tuned: N servers and RPCRunner(max_workers=N). A stock measurement opens a fresh RPC
+# session per candidate (0.67 s of RPC against ~0.1 s of kernel timing on the H200, profile_trial),
+# so one worker measures a 64-candidate batch in ~50 s while 16 cores build it in ~10-20 s: 4
+# workers bring the runner's share below the builder's; more add GPU time-slicing between
+# unshared contexts (no MPS) to the measurements for little gain.
+STOCK_TUNED_SERVERS = 4
+# sharetune: the headline topology (rounds r4-r7), and its per-task cap. The client tunes its
+# shard's tasks one after the other, each up to its budget, so with perTask = total the first task
+# of each shard would take the whole window; 64 per task (4 rounds of 16, one stock batch) spreads
+# the window over the tasks, and 34 x 64 = 2,176 (ResNet-50; MobileNet-V2 46 x 64) is still more
+# than the r4-r7 rate (1-3 trials/s) measures in 9 minutes. An arm that finishes early says so
+# (``exhausted``): rerun it with a larger --per-task.
+ST_CLIENTS, ST_SERVERS, ST_PCT, ST_PER_ITER, ST_PER_TASK = 6, 6, 50, 16, 64
+DEFAULT_CHECKPOINTS = "30,60,120,180,240,300,360,420,480,540"
+TTQ_TOLERANCE = 0.02  # "reached" a latency: within 2% of it (timing noise between two models)
+
+
+def arm_id(network: str, seed: int, arm: str) -> str:
+    return f"rb-{network}-s{seed}-{arm}"
+
+
+def eval_id(network: str, seed: int) -> str:
+    return f"rbeval-{network}-s{seed}"
+
+
+def machine_id() -> str:
+    """This machine (and this boot of it): arms of one comparison must share it."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname()}/{boot}"
+
+
+def out_dir() -> Path:
+    """Where the arm's tar goes: $OUT on the device (comes back), else $BENCH_RUN_ROOT/out."""
+    d = Path(os.environ["OUT"]) if os.environ.get("OUT") else RUN_ROOT / "out"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+# ---- tune -------------------------------------------------------------------------------------
+def _cell_args(a: argparse.Namespace, wd_id: str) -> argparse.Namespace:
+    """tune_cell's own arguments for this arm (its parser: every attribute it reads is there)."""
+    import tune_cell
+
+    common = ["--id", wd_id, "--model", a.network, "--target", a.target, "--seed", str(a.seed),
+              "--total", str(a.total), "--window-s", str(a.window_s), "--timeout", str(a.window_s + 60)]
+    if a.arm == "sharetune":
+        # every task (st_client keeps the K heaviest: K above any model's count), per-task cap
+        return tune_cell.parser().parse_args(
+            [*common, "--mode", "sharetune", "--tasks", "1000000", "--trials", str(a.per_task),
+             "--clients", str(a.clients), "--servers", str(a.servers), "--pct", str(a.pct),
+             "--per-iter", str(a.per_iter)])
+    # stock MetaSchedule: all tasks (--tasks 0), no per-task cap below the global budget
+    return tune_cell.parser().parse_args([*common, "--mode", "baseline", "--tasks", "0", "--trials", str(a.total)])
+
+
+def knobs(a: argparse.Namespace, cores: int) -> dict[str, Any]:
+    base = {"total_trials": a.total, "target": a.target, "seed": a.seed, "window_s": a.window_s}
+    if a.arm == "stock":
+        return {**base, "processes": "one tuning process", "servers": 1, "rpc_runner_max_workers": 1,
+                "builder": "LocalBuilder() (stock: max_workers = cores, pool restarted per batch)",
+                "search": "EvolutionarySearch stock (population 512)", "candidates_per_batch": 64,
+                "task_scheduler": "gradient", "max_trials_per_task": a.total, "mps": False,
+                "rpc_session_timeout_s": 30, "cost_model": "xgb"}
+    if a.arm == "stock-tuned":
+        return {**base, "processes": "one tuning process", "servers": a.servers, "rpc_runner_max_workers": a.servers,
+                "builder": f"LocalBuilder(max_workers={a.builder_workers or cores})",
+                "search": "EvolutionarySearch stock (population 512)", "candidates_per_batch": 64,
+                "task_scheduler": "gradient", "max_trials_per_task": a.total, "mps": False,
+                "rpc_session_timeout_s": 30, "cost_model": "xgb"}
+    return {**base, "clients": a.clients, "servers": a.servers, "thread_pct": a.pct, "mps": a.target == "cuda",
+            "per_iteration": a.per_iter, "per_task": a.per_task,
+            "builder": "one build service for all clients (PooledBuilder, host's cores)",
+            "runner": "SessionRPCRunner", "search": "client default (evolutionary, 8 x batch population)",
+            "cost_model": "xgb"}
+
+
+def _pack(wd: Path, db_dirs: list[str], cell: dict[str, Any], dest: Path) -> int:
+    """The arm's record databases (+ its cell and the logs' tails) as a small tar.gz."""
+    with tarfile.open(dest, "w:gz") as t:
+        for rel in db_dirs:
+            for name in ("database_workload.json", "database_tuning_record.json"):
+                p = wd / rel / name
+                if p.exists():
+                    t.add(p, arcname=f"{rel}/{name}")
+        cj = wd / "arm.json"
+        cj.write_text(json.dumps(cell))
+        t.add(cj, arcname="arm.json")
+        for p in sorted((wd / "logs").glob("*.log")) if (wd / "logs").is_dir() else []:
+            tail = wd / "logs" / f"{p.stem}.tail"
+            tail.write_text("\n".join(p.read_text(errors="replace").splitlines()[-200:]) + "\n")
+            t.add(tail, arcname=f"logs/{tail.name}")
+    return dest.stat().st_size
+
+
+def tune(a: argparse.Namespace) -> int:
+    import tune_cell
+
+    aid = arm_id(a.network, a.seed, a.arm)
+    if aid in load_cells(ARMS_FILE) and not a.force:
+        log(f"{aid}: already done, skipped")
+        return 0
+    others = [c for arm in ARMS if (c := load_cells(ARMS_FILE).get(arm_id(a.network, a.seed, arm)))]
+    if any(c.get("machine") != machine_id() for c in others):
+        log(f"warning: {', '.join(c['id'] for c in others)} ran on another machine ({others[0].get('machine')}, this one "
+            f"is {machine_id()}): the arms of one comparison must share one; rerun them here with --force")
+    cores = len(os.sched_getaffinity(0))
+    if a.arm != "stock":
+        a.servers = a.servers or (STOCK_TUNED_SERVERS if a.arm == "stock-tuned" else ST_SERVERS)
+    # Machine preparation, outside the window: the tensor-intrinsics cache the tuner image has built
+    # in (sweep.py does the same before its first cell); ~1 s once it exists.
+    subprocess.run([sys.executable, "-m", "sharetune_tuner.intrinsics"], env=tuner_env(), check=False,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    wd = RUN_ROOT / "runs" / aid
+    if wd.exists():
+        shutil.rmtree(wd)
+    wd.mkdir(parents=True)
+    ca = _cell_args(a, aid)
+    log(f"{aid}: {a.arm} {a.network}, whole model, {a.total} trials, window {a.window_s:.0f} s")
+    try:
+        if a.arm == "sharetune":
+            r = tune_cell.run_sharetune(ca, wd)
+        elif a.arm == "stock-tuned":
+            r = tune_cell.run_baseline(ca, wd, servers=a.servers, runner_workers=a.servers,
+                                       builder_workers=a.builder_workers or cores)
+        else:
+            r = tune_cell.run_baseline(ca, wd)
+    except Exception as e:
+        # what there is (records, the logs' tails) comes back for a look; no arm is recorded
+        dbs = [str(p.parent.relative_to(wd)) for p in wd.rglob("database_tuning_record.json")]
+        _pack(wd, dbs, {"id": aid, "error": f"{type(e).__name__}: {e}"[-3000:]}, out_dir() / f"{aid}-failed.tar.gz")
+        log(f"{aid} FAILED ({type(e).__name__}); records and logs in {out_dir() / f'{aid}-failed.tar.gz'}")
+        raise
+    t0, t1, sampler = r["t0"], r["t1"], r["sampler"]
+    rel = [str(Path(d).relative_to(wd)) for d in r["db_dirs"]]
+    times = {str(Path(k).relative_to(wd)): [round(x - t0, 2) for x in v] for k, v in sampler.record_times().items()}
+    span = min(a.window_s, t1 - t0)
+    in_window = sum(1 for ts in times.values() for x in ts if x <= a.window_s)
+    written = sum(len(tune_cell._records(wd / d)) for d in rel)
+    failed = sum(tune_cell._failed(tune_cell._records(wd / d)) for d in rel)
+    first = min((ts[0] for ts in times.values() if ts), default=None)
+    cell = {
+        "id": aid, "network": a.network, "arm": a.arm, "seed": a.seed, "target": a.target, "gpu": gpu_name(),
+        "machine": machine_id(), "cores": cores, "knobs": knobs(a, cores), "window_s": a.window_s,
+        "started_at": round(t0, 2), "wall_s": round(t1 - t0, 2),
+        # stopped by the window (the budget was not exhausted), or finished before it
+        "stopped_at_window": bool(r.get("stopped_at_window")), "exhausted": not r.get("stopped_at_window"),
+        "trials": in_window, "records_written": written, "failed": failed,
+        "trials_per_s": round(in_window / span, 4) if span > 0 else None,
+        "first_record_s": first,
+        "tasks": len(r.get("tasks") or []),
+        **sampler.summary(t0, t0 + span),
+        "db_dirs": rel,
+        # record i of db_dirs[d] was first seen at started_at + record_times[d][i] (0.5 s resolution)
+        "record_times": times,
+        "util_trace": [[round(s["t"] - t0, 1), s["cpu"], s.get("gpu")] for s in sampler.samples[::10]],
+        "tar": f"{aid}.tar.gz",
+        **({"mps_server_list": r.get("mps_server_list"), "client_restarts": r.get("client_restarts"),
+            "client_startup": r.get("client_startup")} if a.arm == "sharetune" else {}),
+    }
+    size = _pack(wd, rel, cell, out_dir() / cell["tar"])
+    shutil.copy2(out_dir() / cell["tar"], wd / cell["tar"])  # a warm machine's evaluate finds it here too
+    cell["tar_bytes"] = size
+    append_cell(ARMS_FILE, cell)
+    log(f"{aid}: {in_window} trials in {span:.0f} s = {cell['trials_per_s']} trials/s "
+        f"({'stopped at the window' if cell['stopped_at_window'] else 'FINISHED EARLY: budget exhausted'}); "
+        f"cpu {cell['cpu_util_mean']}%, gpu {cell['gpu_util_mean']}%; tar {size / 1e6:.1f} MB")
+    return 0
+
+
+# ---- evaluate ---------------------------------------------------------------------------------
+def _find_tar(cell: dict[str, Any], given: list[str]) -> Path | None:
+    names = [Path(g) for g in given if Path(g).name == cell["tar"]]
+    for p in [*names, RESULTS / cell["tar"], RUN_ROOT / "out" / cell["tar"],
+              RUN_ROOT / "runs" / cell["id"] / cell["tar"]]:
+        if p.is_file():
+            return p
+    return None
+
+
+def _read_db(d: Path) -> tuple[list[str], list[tuple[int, float]]]:
+    """(workload hash per workload line, (workload index, mean seconds or inf) per record line)."""
+    from sharetune_tuner.records import RECORDS, WORKLOADS, read_lines
+
+    hashes = [str(w[0]) for w in read_lines(d / WORKLOADS)]
+    recs = []
+    for idx, body in read_lines(d / RECORDS):
+        secs = [float(x) for x in (body[1] or [])]
+        m = sum(secs) / len(secs) if secs else math.inf
+        recs.append((idx, m if m < 1e9 else math.inf))
+    return hashes, recs
+
+
+def best_choice(dbs: list[tuple[list[str], list[tuple[int, float]]]], counts: list[int]) -> tuple:
+    """Which record is each workload's best among the first ``counts[i]`` records of db i (the
+    databases as they stood at a checkpoint): a signature, equal for checkpoints whose compiled
+    models are the same."""
+    best: dict[str, tuple[float, int, int]] = {}
+    for di, ((hashes, recs), n) in enumerate(zip(dbs, counts)):
+        for ri, (widx, secs) in enumerate(recs[:n]):
+            if secs == math.inf or not 0 <= widx < len(hashes):
+                continue
+            h = hashes[widx]
+            if h not in best or secs < best[h][0]:
+                best[h] = (secs, di, ri)
+    return tuple(sorted((h, di, ri) for h, (_, di, ri) in best.items()))
+
+
+def _cut_copy(src: Path, n: int, dst: Path) -> None:
+    """``src``'s database as it stood after its first ``n`` records, reduced to the best of them
+    per workload (the merge keeps only those anyway; a whole-model database of thousands of
+    records would take the merge far longer to load). Every workload line is kept."""
+    from sharetune_tuner.records import RECORDS, WORKLOADS
+
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src / WORKLOADS, dst / WORKLOADS)
+    _, recs = _read_db(src)
+    lines = (src / RECORDS).read_bytes().splitlines(keepends=True)
+    best: dict[int, tuple[float, int]] = {}
+    for i, (widx, secs) in enumerate(recs[:n]):
+        if secs != math.inf and (widx not in best or secs < best[widx][0]):
+            best[widx] = (secs, i)
+    (dst / RECORDS).write_bytes(b"".join(lines[i] for _, i in sorted(best.values(), key=lambda v: v[1])))
+
+
+def compile_at(dirs: list[Path], counts: list[int], network: str, target: str, out: Path) -> None:
+    """(A subprocess) the whole model compiled with the best of the first counts[i] records of
+    each database: evaluate.py's compile_model (merge, compile_relax, export) on cut copies."""
+    from evaluate import compile_model
+
+    cut = [out / "cut" / f"db-{i}" for i in range(len(dirs))]
+    for d, n, c in zip(dirs, counts, cut):
+        _cut_copy(d, n, c)
+    t = time.time()
+    counts_out = compile_model([c for c, n in zip(cut, counts) if n > 0], network, target, out)
+    (out / "compiled.json").write_text(json.dumps({"merge": counts_out, "compile_s": round(time.time() - t, 1)}))
+    shutil.rmtree(out / "cut", ignore_errors=True)
+
+
+def _run_parallel(jobs: list[tuple[str, list[str]]], env: dict[str, str], parallel: int,
+                  timeout_s: float, log_dir: Path) -> dict[str, str]:
+    """Runs ``(name, argv)`` subprocesses ``parallel`` at a time, each in its own process group,
+    output to ``log_dir/<name>.log``; returns {name: error} of the failed ones (and of those the
+    deadline stopped or never started)."""
+    from sharetune.procs import ProcessGroup
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    pending, running, failed = list(jobs), {}, {}
+    deadline = time.time() + timeout_s
+    while pending or running:
+        while pending and len(running) < parallel:
+            name, argv = pending.pop(0)
+            running[name] = ProcessGroup(name, argv, log_dir / f"{name.replace('/', '_')}.log", env).start()
+        time.sleep(0.2)
+        for name, p in list(running.items()):
+            rc = p.poll()
+            if rc is not None:
+                if rc != 0:
+                    failed[name] = f"exit {rc}: {p.tail(15)}"[-2000:]
+                del running[name]
+        if time.time() > deadline:
+            for name, p in running.items():
+                p.stop(grace_s=2.0)
+                failed[name] = "stopped: --compile-timeout-s"
+            failed.update({name: "not started: --compile-timeout-s" for name, _ in pending})
+            break
+    return failed
+
+
+def evaluate(a: argparse.Namespace) -> int:
+    eid = eval_id(a.network, a.seed)
+    cells = load_cells(ARMS_FILE)
+    arms = {arm: cells[arm_id(a.network, a.seed, arm)] for arm in ARMS if arm_id(a.network, a.seed, arm) in cells}
+    if not arms:
+        log(f"evaluate: no arm of {a.network} seed {a.seed} in {ARMS_FILE}")
+        return 1
+    prev = load_cells(EVAL_FILE).get(eid)
+    if prev and set(prev.get("arms", {})) >= set(arms) and not a.force:
+        log(f"{eid}: already evaluated ({', '.join(prev['arms'])}), skipped")
+        return 0
+    t_start = time.time()
+    env = tuner_env()
+    root = RUN_ROOT / "rb-eval" / eid
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    checkpoints = sorted({float(x) for x in a.checkpoints.split(",") if x.strip()})
+    jobs: list[tuple[str, list[str]]] = []
+    plan: dict[str, list[dict[str, Any]]] = {}
+    for arm, cell in arms.items():
+        tar = _find_tar(cell, a.tars)
+        if tar is None:
+            log(f"{cell['id']}: no {cell['tar']} (bench/results/, --tars, or this machine's run dir): skipped")
+            continue
+        src = root / arm / "records"
+        src.mkdir(parents=True)
+        with tarfile.open(tar) as t:
+            t.extractall(src)
+        dirs = [src / d for d in cell["db_dirs"]]
+        dbs = [_read_db(d) for d in dirs]
+        window = float(cell["window_s"])
+        points, models = [], {}
+        for t_c in [c for c in checkpoints if c < window] + [window]:
+            counts = [min(len(dbs[i][1]), sum(1 for x in cell["record_times"].get(d, []) if x <= t_c))
+                      for i, d in enumerate(cell["db_dirs"])]
+            sig = best_choice(dbs, counts)
+            if not sig:
+                points.append({"t": t_c, "records": sum(counts), "best_records": 0, "model": "untuned"})
+                continue
+            if sig not in models:
+                out = root / arm / f"t{int(t_c)}"
+                models[sig] = str(out / "model.so")
+                jobs.append((f"{arm}@{t_c:g}", [sys.executable, __file__, "_compile", "--network", a.network,
+                                                "--target", a.target, "--out", str(out),
+                                                "--dirs", ",".join(map(str, dirs)),
+                                                "--counts", ",".join(map(str, counts))]))
+            points.append({"t": t_c, "records": sum(counts), "best_records": len(sig), "model": models[sig]})
+        plan[arm] = points
+    untuned = root / "untuned.so"
+    jobs.insert(0, ("untuned", [sys.executable, str(HERE / "evaluate.py"), "--stage", "untuned", "--arg", str(untuned),
+                                "--model", a.network, "--target", a.target]))
+    parallel = a.jobs or max(1, min(8, (os.cpu_count() or 2) // 2))
+    log(f"{eid}: compiling {len(jobs)} models ({parallel} at a time) for {', '.join(plan)}")
+    failed = _run_parallel(jobs, env, parallel, a.compile_timeout_s, root / "logs")
+    for name, err in failed.items():
+        log(f"compile {name} failed:\n{err}")
+    t_compiled = time.time() - t_start
+    paths = [str(untuned)] + sorted({p["model"] for pts in plan.values() for p in pts if p["model"] != "untuned"
+                                     and Path(p["model"]).exists()})
+    # One process, the whole GPU (no MPS daemon): evaluate.py's measurement, untuned first (the
+    # reference of rel_err_vs_first: every tuned model must compute the same output).
+    r = subprocess.run([sys.executable, str(HERE / "evaluate.py"), "--stage", "models", "--arg", ",".join(paths),
+                        "--model", a.network, "--target", a.target, "--repeat", str(a.repeat)],
+                       env=env, capture_output=True, text=True, timeout=a.measure_timeout_s)
+    if r.returncode != 0:
+        raise SystemExit(f"measuring failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    meas = json.loads(r.stdout.strip().splitlines()[-1])
+    base = meas.get(str(untuned), {})
+    out_arms: dict[str, Any] = {}
+    for arm, points in plan.items():
+        curve = []
+        for p in points:
+            m = base if p["model"] == "untuned" else meas.get(p["model"], {"error": failed.get(f"{arm}@{p['t']:g}",
+                                                                                               "not compiled")})
+            curve.append({"t": p["t"], "records": p["records"], "best_records": p["best_records"],
+                          "median_ms": m.get("median_ms"), "min_ms": m.get("min_ms"),
+                          "rel_err": m.get("rel_err_vs_first"), **({"error": m["error"]} if "error" in m else {})})
+        out_arms[arm] = {"run": arms[arm]["id"], "curve": curve, "final_ms": curve[-1]["median_ms"] if curve else None}
+    cell = {"id": eid, "network": a.network, "seed": a.seed, "target": a.target, "gpu": gpu_name(),
+            "machine": machine_id(), "untuned_ms": base.get("median_ms"), "untuned_min_ms": base.get("min_ms"),
+            "arms": out_arms, "checkpoints": checkpoints, "models_compiled": len(jobs) - len(failed),
+            "compile_wall_s": round(t_compiled, 1), "eval_wall_s": round(time.time() - t_start, 1)}
+    append_cell(EVAL_FILE, cell)
+    for arm, v in out_arms.items():
+        log(f"{eid} {arm}: " + ", ".join(f"{p['t']:g}s {p['median_ms']}" for p in v["curve"]))
+    log(f"{eid}: untuned {cell['untuned_ms']} ms; {cell['eval_wall_s']} s")
+    return 0
+
+
+# ---- metrics (pure; tests/core/test_real_budget.py) -----------------------------------------
+def step_curve(curve: list[dict[str, Any]], untuned_ms: float) -> list[tuple[float, float]]:
+    """(t, end-to-end ms) from t = 0 (the untuned model: no record yet); checkpoints whose model
+    failed to build or run are left out (the previous value holds)."""
+    out = [(0.0, untuned_ms)]
+    for p in curve:
+        if p.get("median_ms") is not None:
+            out.append((float(p["t"]), float(p["median_ms"])))
+    return out
+
+
+def time_to_reach(curve: list[tuple[float, float]], target_ms: float, tol: float = TTQ_TOLERANCE) -> float | None:
+    """The first checkpoint time at which the curve is within ``tol`` of ``target_ms`` (or
+    below); None when it never gets there. Checkpoint resolution: the true time lies between the
+    previous checkpoint and this one."""
+    for t, ms in curve:
+        if ms <= target_ms * (1 + tol):
+            return t
+    return None
+
+
+def compare(base: dict[str, Any], st: dict[str, Any], tol: float = TTQ_TOLERANCE) -> dict[str, Any]:
+    """One (network, seed) comparison of sharetune against one baseline arm. Each side:
+    {"trials_per_s", "curve": [(t, ms), ...] from step_curve, "window_s"}."""
+    b_final, s_final = base["curve"][-1][1], st["curve"][-1][1]
+    t_b = time_to_reach(base["curve"], b_final, tol)  # when the baseline reached its final latency
+    t_s = time_to_reach(st["curve"], b_final, tol)  # when sharetune reached it
+    out: dict[str, Any] = {
+        "throughput_ratio": (round(st["trials_per_s"] / base["trials_per_s"], 3)
+                             if st.get("trials_per_s") and base.get("trials_per_s") else None),
+        "latency_ratio": round(s_final / b_final, 4),
+        "baseline_final_ms": b_final, "sharetune_final_ms": s_final,
+        "baseline_time_to_final_s": t_b, "sharetune_time_to_baseline_final_s": t_s,
+        "time_to_quality_ratio": None,
+    }
+    if t_b is None or t_b == 0:
+        out["time_to_quality_note"] = "the baseline never improved on the untuned model"
+    elif t_s is None:
+        # sharetune did not reach it within its window W: the ratio is below t_b / W
+        out["time_to_quality_note"] = "sharetune did not reach the baseline's final latency in its window"
+        out["time_to_quality_ratio_below"] = round(t_b / float(st["window_s"]), 3)
+    elif t_s == 0:
+        out["time_to_quality_note"] = "the untuned model was already as fast as the baseline's final one"
+    else:
+        out["time_to_quality_ratio"] = round(t_b / t_s, 3)
+    return out
+
+
+def gmean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None and x > 0]
+    return round(math.exp(sum(math.log(x) for x in xs) / len(xs)), 3) if xs else None
+
+
+# metric -> which value is the worst run (the lower throughput / speed-up, the higher latency ratio)
+WORST = {"throughput_ratio": min, "time_to_quality_ratio": min, "latency_ratio": max}
+
+
+def aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Geometric mean over seeds of each ratio, with the worst run beside it."""
+    out: dict[str, Any] = {"seeds": [r["seed"] for r in per_seed]}
+    for k, worst in WORST.items():
+        vals = [r[k] for r in per_seed if r.get(k) is not None]
+        out[k] = {"geomean": gmean(vals), "worst": worst(vals) if vals else None,
+                  "runs_with_value": f"{len(vals)}/{len(per_seed)}"}
+    return out
+
+
+def summarize_cells(arm_cells: dict[str, dict[str, Any]], eval_cells: dict[str, dict[str, Any]],
+                    tol: float = TTQ_TOLERANCE) -> dict[str, Any]:
+    """The issue's table: per network and baseline, the ratios per seed, their geometric means
+    and worst runs; per arm, the speed-up over untuned."""
+    networks: dict[str, Any] = {}
+    for ev in sorted(eval_cells.values(), key=lambda c: (c.get("network", ""), c.get("seed", 0))):
+        if "arms" not in ev or ev.get("untuned_ms") is None:
+            continue
+        net, seed = ev["network"], ev["seed"]
+        sides: dict[str, dict[str, Any]] = {}
+        for arm, v in ev["arms"].items():
+            cell = arm_cells.get(v["run"])
+            if cell is None:
+                continue
+            curve = step_curve(v["curve"], ev["untuned_ms"])
+            sides[arm] = {"trials_per_s": cell.get("trials_per_s"), "curve": curve, "window_s": cell["window_s"],
+                          "machine": cell.get("machine"), "trials": cell.get("trials"),
+                          "stopped_at_window": cell.get("stopped_at_window"),
+                          "cpu_util_mean": cell.get("cpu_util_mean"), "gpu_util_mean": cell.get("gpu_util_mean")}
+        n = networks.setdefault(net, {"runs": [], "vs": {b: [] for b in BASELINES}, "speedup": {}})
+        run = {"seed": seed, "untuned_ms": ev["untuned_ms"], "eval_machine": ev.get("machine"), "arms": {}}
+        for arm, s in sides.items():
+            final = s["curve"][-1][1]
+            sp = round(ev["untuned_ms"] / final, 3) if final else None
+            run["arms"][arm] = {"trials": s["trials"], "trials_per_s": s["trials_per_s"], "final_ms": final,
+                                "speedup_vs_untuned": sp, "cpu_util_mean": s["cpu_util_mean"],
+                                "gpu_util_mean": s["gpu_util_mean"], "stopped_at_window": s["stopped_at_window"],
+                                "machine": s["machine"], "curve": s["curve"]}
+            n["speedup"].setdefault(arm, []).append(sp)
+        n["runs"].append(run)
+        if "sharetune" in sides:
+            for b in BASELINES:
+                if b in sides:
+                    c = compare(sides[b], sides["sharetune"], tol)
+                    c["seed"] = seed
+                    c["same_machine"] = sides[b]["machine"] == sides["sharetune"]["machine"]
+                    c["equal_windows"] = sides[b]["window_s"] == sides["sharetune"]["window_s"]
+                    n["vs"][b].append(c)
+    for net, n in networks.items():
+        n["vs"] = {b: {"per_seed": rows, **aggregate(rows)} for b, rows in n["vs"].items() if rows}
+        n["speedup_vs_untuned"] = {arm: {"geomean": gmean(v), "worst": min((x for x in v if x), default=None),
+                                         "per_seed": v} for arm, v in n.pop("speedup").items()}
+    return networks
+
+
+def summarize(a: argparse.Namespace) -> int:
+    arms = load_cells(ARMS_FILE)
+    evs = load_cells(EVAL_FILE)
+    networks = summarize_cells(arms, evs, a.tolerance)
+    doc = {
+        "issue": 21,
+        "how_measured": {
+            "arms": {"stock": "stock MetaSchedule as shipped: one process, LocalBuilder(), RPCRunner(max_workers=1), "
+                              "one RPC server, evolutionary search, 64 per batch, gradient scheduler",
+                     "stock-tuned": f"the same with a tracker and N={STOCK_TUNED_SERVERS} RPC servers on the GPU "
+                                    "(no MPS), RPCRunner(max_workers=N), LocalBuilder(max_workers=cores)",
+                     "sharetune": f"local-mode topology: {ST_CLIENTS} clients, {ST_SERVERS} servers at {ST_PCT}% "
+                                  f"under MPS, {ST_PER_ITER} per round, per-task cap {ST_PER_TASK}"},
+            "budget": f"{TOTAL} trials, whole model, not exhausted within the window (each arm says "
+                      "stopped_at_window)",
+            "window": "each arm one device command; wall time from the first process started (start-up included)",
+            "throughput_ratio": "trials/s of sharetune / of the baseline, trials = records measured within the window",
+            "latency_ratio": "sharetune's end-to-end latency at the window's end / the baseline's "
+                             "(compile_relax with the best record per task, relax VM, median of 10 rounds >= 100 ms, "
+                             "whole GPU, no MPS, all models of one (network, seed) measured in one process)",
+            "time_to_quality_ratio": f"time the baseline needed to reach its final latency (within {a.tolerance:.0%}) / "
+                                     "time sharetune needed to reach it; times are checkpoints (the curve is "
+                                     "measured at them); None with time_to_quality_ratio_below when sharetune "
+                                     "never reached it",
+            "speedup_vs_untuned": "untuned latency / the arm's final latency",
+            "geomean": "over seeds, with the worst run beside it",
+        },
+        "networks": networks,
+    }
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1))
+    log(f"wrote {out}")
+    if a.plot:
+        plot(networks, Path(a.plot))
+        log(f"wrote {a.plot}")
+    for net, n in networks.items():
+        for b, v in n["vs"].items():
+            log(f"{net} vs {b}: throughput {v['throughput_ratio']}, ttq {v['time_to_quality_ratio']}, "
+                f"latency {v['latency_ratio']}")
+    return 0
+
+
+def plot(networks: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [(net, r) for net, n in networks.items() for r in n["runs"]]
+    if not runs:
+        return
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 4), squeeze=False)
+    colors = {"stock": "tab:gray", "stock-tuned": "tab:blue", "sharetune": "tab:orange"}
+    for ax, (net, r) in zip(axes[0], runs):
+        for arm, v in r["arms"].items():
+            xs, ys = zip(*v["curve"])
+            ax.step(xs, ys, where="post", marker="o", ms=3, color=colors.get(arm),
+                    label=f"{arm}: {v['trials_per_s']} trials/s, {v['speedup_vs_untuned']}x")
+        ax.axhline(r["untuned_ms"], ls=":", color="k", lw=1, label=f"untuned {r['untuned_ms']} ms")
+        ax.set_title(f"{net}, seed {r['seed']}")
+        ax.set_xlabel("wall time of the arm (s)")
+        ax.set_ylabel("end-to-end latency (ms)")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+# ---- CLI --------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("tune", help="one arm, one window")
+    t.add_argument("--network", choices=NETWORKS, required=True)
+    t.add_argument("--arm", choices=ARMS, required=True)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--window-s", type=float, default=540.0)
+    t.add_argument("--target", default="cuda")
+    t.add_argument("--total", type=int, default=TOTAL, help="trial budget (all arms)")
+    t.add_argument("--servers", type=int, default=None,
+                   help=f"stock-tuned: servers = runner workers ({STOCK_TUNED_SERVERS}); sharetune: servers ({ST_SERVERS})")
+    t.add_argument("--builder-workers", type=int, default=None, help="stock-tuned: LocalBuilder workers (cores)")
+    t.add_argument("--clients", type=int, default=ST_CLIENTS, help="sharetune")
+    t.add_argument("--pct", type=int, default=ST_PCT, help="sharetune: MPS thread percentage per server")
+    t.add_argument("--per-iter", type=int, default=ST_PER_ITER, help="sharetune: candidates per round")
+    t.add_argument("--per-task", type=int, default=ST_PER_TASK, help="sharetune: trials per task at most")
+    t.add_argument("--force", action="store_true")
+    e = sub.add_parser("evaluate", help="latency curves of every arm of one (network, seed), on the GPU")
+    e.add_argument("--network", choices=NETWORKS, required=True)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--target", default="cuda")
+    e.add_argument("--checkpoints", default=DEFAULT_CHECKPOINTS, help="seconds into each arm's window")
+    e.add_argument("--tars", nargs="*", default=[], help="the arms' tar.gz (default: bench/results/<arm id>.tar.gz, "
+                                                         "or this machine's run dirs)")
+    e.add_argument("--repeat", type=int, default=10)
+    e.add_argument("--jobs", type=int, default=None, help="compiles at a time (default: cores / 2, at most 8)")
+    e.add_argument("--compile-timeout-s", type=float, default=330.0, help="all compiles together")
+    e.add_argument("--measure-timeout-s", type=float, default=200.0)
+    e.add_argument("--force", action="store_true")
+    s = sub.add_parser("summarize", help="ratios, geometric means, plot (no GPU)")
+    s.add_argument("--out", default=str(SUMMARY_JSON))
+    s.add_argument("--plot", default=str(PLOT_PNG), help="'' = none")
+    s.add_argument("--tolerance", type=float, default=TTQ_TOLERANCE)
+    c = sub.add_parser("_compile", help=argparse.SUPPRESS)
+    c.add_argument("--network", required=True)
+    c.add_argument("--target", required=True)
+    c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--dirs", required=True)
+    c.add_argument("--counts", required=True)
+    a = ap.parse_args(argv)
+    if a.cmd == "tune":
+        os.environ.update(tuner_env())
+        return tune(a)
+    if a.cmd == "evaluate":
+        return evaluate(a)
+    if a.cmd == "summarize":
+        return summarize(a)
+    compile_at([Path(d) for d in a.dirs.split(",")], [int(n) for n in a.counts.split(",")], a.network, a.target,
+               a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Issue 21's metrics (bench/h200/real_budget.py) on synthetic curves: no TVM, no GPU."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "h200"))
+rb = pytest.importorskip("real_budget")
+
+
+def side(points: list[tuple[float, float]], untuned: float = 10.0, tps: float = 1.0, window: float = 540.0) -> dict:
+    return {"trials_per_s": tps, "window_s": window,
+            "curve": rb.step_curve([{"t": t, "median_ms": ms} for t, ms in points], untuned)}
+
+
+def test_time_to_quality_ratio_is_the_baseline_time_to_its_final_over_sharetune_time_to_it() -> None:
+    base = side([(60, 9.0), (120, 8.0), (240, 7.0), (540, 7.0)], tps=1.0)
+    st = side([(60, 7.5), (120, 6.9), (240, 6.0), (540, 5.5)], tps=3.0)
+    c = rb.compare(base, st)
+    assert c["baseline_time_to_final_s"] == 240  # first reached 7.0 at 240 s
+    assert c["sharetune_time_to_baseline_final_s"] == 120
+    assert c["time_to_quality_ratio"] == 2.0
+    assert c["throughput_ratio"] == 3.0
+    assert c["latency_ratio"] == round(5.5 / 7.0, 4)
+
+
+def test_sharetune_that_never_reaches_the_baseline_gets_no_ratio_but_an_upper_bound() -> None:
+    base = side([(60, 8.0), (120, 6.0), (540, 6.0)])
+    st = side([(60, 9.0), (540, 7.0)], window=540)
+    c = rb.compare(base, st)
+    assert c["time_to_quality_ratio"] is None
+    assert c["time_to_quality_ratio_below"] == round(120 / 540, 3)
+    assert c["latency_ratio"] > 1
+
+
+def test_tolerance_and_failed_checkpoints() -> None:
+    # within 2% counts as reached; a checkpoint whose model failed (None) keeps the previous value
+    base = side([(60, 8.0), (540, 8.0)])
+    st = side([(30, None), (60, 8.1), (540, 8.1)])  # type: ignore[list-item]
+    assert st["curve"] == [(0.0, 10.0), (60.0, 8.1), (540.0, 8.1)]
+    assert rb.compare(base, st)["time_to_quality_ratio"] == 1.0
+    assert rb.time_to_reach(st["curve"], 8.0, tol=0.0) is None
+
+
+def test_baseline_that_never_improved_gives_no_ratio() -> None:
+    c = rb.compare(side([(540, 10.0)]), side([(60, 5.0), (540, 5.0)]))
+    assert c["time_to_quality_ratio"] is None and "never improved" in c["time_to_quality_note"]
+
+
+def test_geometric_means_over_seeds_with_the_worst_run() -> None:
+    rows = [{"seed": 0, "throughput_ratio": 2.0, "time_to_quality_ratio": 4.0, "latency_ratio": 0.9},
+            {"seed": 1, "throughput_ratio": 8.0, "time_to_quality_ratio": None, "latency_ratio": 1.1}]
+    agg = rb.aggregate(rows)
+    assert agg["throughput_ratio"] == {"geomean": 4.0, "worst": 2.0, "runs_with_value": "2/2"}
+    assert agg["time_to_quality_ratio"] == {"geomean": 4.0, "worst": 4.0, "runs_with_value": "1/2"}
+    assert agg["latency_ratio"]["worst"] == 1.1
+
+
+def test_summarize_cells_pairs_arms_of_one_network_and_seed() -> None:
+    arms, evs = {}, {}
+    for seed in (0, 1):
+        for arm, tps in (("stock", 0.5), ("stock-tuned", 1.0), ("sharetune", 2.0)):
+            arms[rb.arm_id("resnet50", seed, arm)] = {"trials_per_s": tps, "window_s": 540, "machine": "m",
+                                                     "trials": int(tps * 540)}
+        evs[rb.eval_id("resnet50", seed)] = {
+            "id": rb.eval_id("resnet50", seed), "network": "resnet50", "seed": seed, "untuned_ms": 10.0,
+            "arms": {arm: {"run": rb.arm_id("resnet50", seed, arm),
+                           "curve": [{"t": 60, "median_ms": a}, {"t": 540, "median_ms": b}]}
+                     for arm, (a, b) in (("stock", (9.0, 8.0)), ("stock-tuned", (8.0, 7.0)),
+                                         ("sharetune", (7.0, 5.0)))}}
+    n = rb.summarize_cells(arms, evs)["resnet50"]
+    assert n["vs"]["stock"]["throughput_ratio"]["geomean"] == 4.0
+    assert n["vs"]["stock-tuned"]["throughput_ratio"]["geomean"] == 2.0
+    assert n["vs"]["stock"]["time_to_quality_ratio"]["geomean"] == 540 / 60
+    assert n["vs"]["stock"]["per_seed"][0]["same_machine"] is True
+    assert n["speedup_vs_untuned"]["sharetune"]["geomean"] == 2.0
+    assert n["speedup_vs_untuned"]["stock"]["worst"] == 1.25
