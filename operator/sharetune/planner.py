@@ -15,6 +15,11 @@ Privileges, kept minimal and stated:
   daemon onto its node (pod affinity) and see the GPU through ``NVIDIA_VISIBLE_DEVICES``.
 - All other pods: non-root UID 1000, no privilege escalation, all capabilities dropped,
   read-only root filesystem with an emptyDir for scratch.
+
+GPU sharing modes (``Sharing``, docs/gpu-pools.md): the above is mode exclusive. In mode pool
+the job has no daemon: :func:`plan_pool` is the operator's daemon of one GPU, shared by every job
+placed there, and the job's servers are pinned to that GPU's node and use its pipe directory. In
+mode devicePlugin each server requests one replica of the device plugin's shared resource.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ from .api.topology import (GPU_INDEX_LABEL, JOB_MANIFEST, METRICS_PORT, MODEL_DI
 from .api.topology import result_location as _result_location
 from .api.topology import store_uri as _store_uri
 from .api.topology import BUILD_AUTHKEY_FILE_ENV, BUILD_KEY_DIR, BUILD_KEY_FILE, BUILD_PORT
+from .api.topology import POOL_LABEL, POOL_NODE_ANNOTATION, pool_host_dir, pool_pod_name
+from .admission import GpuId
+from .sharing import DEVICE_PLUGIN, EXCLUSIVE, POOL, Sharing
 
 TUNER_UID = 1000
 DEFAULT_IMAGE = "localhost/sharetune-tuner:0.1.0"
@@ -204,8 +212,23 @@ def job_manifest(job: JobRef, spec: TuningJobSpec) -> str:
                           sort_keys=True)
 
 
-def plan(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE) -> list[dict[str, Any]]:
-    """Every object the running job needs (the merge Job comes later: :func:`plan_merge`)."""
+def _mode(spec: TuningJobSpec, sharing: Sharing | None) -> str | None:
+    """The job's GPU sharing mode: None on the CPU; without a Sharing, exclusive (a daemon per job)."""
+    if spec.target != "cuda":
+        return None
+    return sharing.mode if sharing is not None else EXCLUSIVE
+
+
+def _device(sharing: Sharing | None, g: int | None) -> GpuId:
+    """The GPU group ``g``'s GPU in mode pool."""
+    assert sharing is not None and sharing.placement is not None
+    return sharing.placement.devices[g or 0]
+
+
+def plan(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, sharing: Sharing | None = None
+         ) -> list[dict[str, Any]]:
+    """Every object the running job needs (the merge Job comes later: :func:`plan_merge`).
+    ``sharing``: the job's mode (and placement in mode pool); None = exclusive."""
     image = spec.raw.get("image") or image
     n = ChildNames(job.name)
     objs: list[dict[str, Any]] = []
@@ -217,10 +240,10 @@ def plan(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE) -> list[d
     # Pre-created so the tuner Role can name it; the merge writes summary.json (and, for
     # ConfigMap output, the records) into it. S3 output keeps only the summary here.
     objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, n.result(spec), "result"), "data": {}})
-    if spec.uses_mps:
+    if spec.uses_mps and _mode(spec, sharing) == EXCLUSIVE:
         objs += [_mps_daemon(job, spec, image, g) for g in gpu_groups(spec)]
     objs += _tracker(job, spec, image)
-    objs += [_servers(job, spec, image, g) for g in gpu_groups(spec)]
+    objs += [_servers(job, spec, image, g, sharing) for g in gpu_groups(spec)]
     objs += _builders(job, spec, image)  # before the clients: their workers warm up meanwhile
     objs.append(_clients(job, spec, image))
     return objs
@@ -245,14 +268,18 @@ def _rbac(job: JobRef, spec: TuningJobSpec) -> list[dict[str, Any]]:
     ]
 
 
+def _daemon_security() -> dict[str, Any]:
+    """An MPS daemon's: root without privilege, only to create and hand over its host directory."""
+    return {"runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False, "privileged": False,
+            "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]},
+            "readOnlyRootFilesystem": True, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
 def _mps_daemon(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None) -> dict[str, Any]:
     vol, mount, env = _mps_client_parts(job, g)
     args = commands.mps_daemon(spec, "/mps/pipe", "/mps/log", metrics_port=METRICS_PORT)
-    root = {"runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False, "privileged": False,
-            "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]},
-            "readOnlyRootFilesystem": True, "seccompProfile": {"type": "RuntimeDefault"}}
     c = _container(spec, image, "mps-daemon", args, env=[e for e in env if e["name"] != "NVIDIA_VISIBLE_DEVICES"],
-                   resources={"limits": {"nvidia.com/gpu": "1"}}, security=root, mounts=[mount])
+                   resources={"limits": {"nvidia.com/gpu": "1"}}, security=_daemon_security(), mounts=[mount])
     c["readinessProbe"] = {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 5}
     meta = _meta(job, in_group(ChildNames(job.name).mps, g), "mps-daemon")
     meta["labels"] = _group_labels(meta["labels"], g)
@@ -281,13 +308,51 @@ def _tracker(job: JobRef, spec: TuningJobSpec, image: str) -> list[dict[str, Any
     return [dep, svc]
 
 
-def _servers(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None) -> dict[str, Any]:
+def _mps_limits_env(thread_percentage: int | None, pinned: str | None) -> list[dict[str, Any]]:
+    env = []
+    if thread_percentage is not None:
+        env.append({"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": str(thread_percentage)})
+    if pinned:
+        env.append({"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": f"0={pinned}"})
+    return env
+
+
+def _pool_client_parts(spec: TuningJobSpec, dev: GpuId) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]],
+                                                                dict[str, Any]]:
+    """What a pod of a pool-mode job needs to be an MPS client of GPU ``dev``'s pool: (volume,
+    mount, env, pod fields). Pinned to the GPU's node by name: the ledger chose the node, so the
+    job's own affinity is not applied (its nodeSelector was what the ledger matched)."""
+    vol = {"name": "mps", "hostPath": {"path": pool_host_dir(dev.index), "type": "Directory"}}
+    env = [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/mps/pipe"},
+           {"name": "CUDA_MPS_LOG_DIRECTORY", "value": "/mps/log"},
+           {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+           {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}]
+    node_selector = {**dict(spec.raw.get("nodeSelector") or {}), "kubernetes.io/hostname": dev.node}
+    return vol, {"name": "mps", "mountPath": "/mps"}, env, {"hostIPC": True, "nodeSelector": node_selector}
+
+
+def _servers(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None, sharing: Sharing | None = None
+             ) -> dict[str, Any]:
     args = commands.server(spec, _tracker_addr(job), job.name, SERVER_PORT, SERVER_PORT + 1,
                            metrics_port=METRICS_PORT)
     env: list[dict[str, Any]] = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
     volumes, mounts, extra = [], [], {}
     resources = copy.deepcopy(spec.raw.get("servers", {}).get("resources") or {})
-    if spec.uses_mps:
+    mode = _mode(spec, sharing)
+    pool_label: dict[str, str] = {}
+    if mode == POOL:
+        dev = _device(sharing, g)
+        vol, mount, pool_env, extra = _pool_client_parts(spec, dev)
+        volumes, mounts = [vol], [mount]
+        env += pool_env + _mps_limits_env(spec.servers.thread_percentage, spec.servers.pinned_memory_limit)
+        pool_label = {POOL_LABEL: pool_pod_name(dev.node, dev.index)}  # the pool's recovery rolls them
+    elif mode == DEVICE_PLUGIN:
+        # One replica of the device plugin's MPS share each; the plugin's daemon and mounts. A
+        # thread percentage can only lower the plugin's equal split (docs/gpu-pools.md).
+        assert sharing is not None
+        resources.setdefault("limits", {})[sharing.resource_name] = "1"
+        env += _mps_limits_env(spec.servers.thread_percentage, spec.servers.pinned_memory_limit)
+    elif spec.uses_mps:
         vol, mount, mps_env = _mps_client_parts(job, g)
         volumes, mounts = [vol], [mount]
         env += mps_env
@@ -300,15 +365,17 @@ def _servers(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None)
         resources.setdefault("limits", {})["nvidia.com/gpu"] = "1"
     c = _container(spec, image, "server", args, env=env, resources=resources, mounts=mounts)
     c["ports"].append({"name": "rpc", "containerPort": SERVER_PORT})
-    pod = _pod_spec(spec, [c], volumes=volumes, gpu_placement=spec.target == "cuda" and not spec.uses_mps, **extra)
-    if spec.uses_mps and spec.raw.get("affinity"):
+    own_gpu = spec.target == "cuda" and (not spec.uses_mps or mode == DEVICE_PLUGIN)
+    pod = _pod_spec(spec, [c], volumes=volumes, gpu_placement=own_gpu, **extra)
+    if mode == EXCLUSIVE and spec.uses_mps and spec.raw.get("affinity"):
         pod["affinity"] = {**copy.deepcopy(spec.raw["affinity"]), **_follow_daemon(job, g)}
     meta = _meta(job, in_group(ChildNames(job.name).servers, g), "server")
-    meta["labels"] = _group_labels(meta["labels"], g)
+    meta["labels"] = {**_group_labels(meta["labels"], g), **pool_label}
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
             "spec": {"replicas": spec.servers.replicas,
                      "selector": {"matchLabels": _group_labels(selector(job.name, "server"), g)},
-                     "template": {"metadata": {"labels": _group_labels(labels(job.name, "server"), g)}, "spec": pod}}}
+                     "template": {"metadata": {"labels": {**_group_labels(labels(job.name, "server"), g), **pool_label}},
+                                  "spec": pod}}}
 
 
 def _progress_uri(job: JobRef, spec: TuningJobSpec) -> str | None:
@@ -408,10 +475,11 @@ def _fail_fast(container: str, action: str) -> dict[str, Any]:
                                                           "values": sorted(int(c) for c in PERMANENT)}}]}
 
 
-def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, shards: int | None = None
-               ) -> dict[str, Any]:
+def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, shards: int | None = None,
+               sharing: Sharing | None = None) -> dict[str, Any]:
     """The merge Job, created once every shard is done. On a GPU job it measures the tuned model
-    on the job's GPU as one more MPS client at 100%. ``shards``: the shards the clients ran when
+    on the job's GPU as one more MPS client at 100% (mode pool: at the job's share, within its
+    booking; mode devicePlugin: on one replica). ``shards``: the shards the clients ran when
     fewer than ``clients.shards`` had a task (the clamp); the ones dropped hold no records."""
     image = spec.raw.get("image") or image
     n = ChildNames(job.name)
@@ -424,15 +492,72 @@ def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, sha
     volumes = [vol, {"name": "work", "emptyDir": {}}, *mvols]
     mounts = [mount, {"name": "work", "mountPath": POD_WORK_DIR}, *mmounts]
     extra: dict[str, Any] = {}
-    if spec.uses_mps:  # under the first GPU's daemon, as local mode's merge
+    resources: dict[str, Any] | None = None
+    mode = _mode(spec, sharing)
+    if mode == POOL:  # under the first GPU's pool, inside the job's share
+        vol_, mount_, pool_env, extra = _pool_client_parts(spec, _device(sharing, None))
+        volumes.append(vol_)
+        mounts.append(mount_)
+        env += pool_env + _mps_limits_env(spec.sharing.share, spec.sharing.pinned_memory)
+    elif mode == DEVICE_PLUGIN:
+        assert sharing is not None
+        resources = {"limits": {sharing.resource_name: "1"}}
+        if spec.raw.get("nodeSelector"):
+            extra = {"nodeSelector": dict(spec.raw["nodeSelector"])}
+    elif spec.uses_mps:  # under the first GPU's daemon, as local mode's merge
         g0 = gpu_groups(spec)[0]
         mvol, mmount, menv = _mps_client_parts(job, g0)
         volumes.append(mvol)
         mounts.append(mmount)
         env += menv
         extra = {"hostIPC": True, "affinity": _follow_daemon(job, g0)}
-    c = _container(spec, image, "merge", args, env=env, mounts=mounts, probe=False)
+    c = _container(spec, image, "merge", args, env=env, mounts=mounts, probe=False, resources=resources)
     pod = _pod_spec(spec, [c], volumes=volumes, service_account=n.service_account, restartPolicy="Never", **extra)
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job, n.merge, "merge"),
             "spec": {"backoffLimit": 2, "podFailurePolicy": _fail_fast("merge", "FailJob"),
                      "template": {"metadata": {"labels": labels(job.name, "merge")}, "spec": pod}}}
+
+
+# ---- GPU pools (mode pool; docs/gpu-pools.md) -----------------------------------------------------
+def pool_labels(node: str, index: int) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "sharetune", "app.kubernetes.io/component": "gpu-pool",
+            "app.kubernetes.io/managed-by": "sharetune", POOL_LABEL: pool_pod_name(node, index),
+            GPU_INDEX_LABEL: str(index)}
+
+
+def plan_pool(node: str, index: int, namespace: str, image: str = DEFAULT_IMAGE,
+              tolerations: tuple[dict[str, Any], ...] | list[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The MPS control daemon of GPU ``index`` on ``node``, shared by every pool-mode job placed
+    there: the operator's, in its own namespace (no owner: it outlives the jobs, and is deleted
+    when idle). Pinned to the node by name and holding one ``nvidia.com/gpu`` (which one is the
+    device plugin's choice: the pool is the one MPS server on that device); root and hostIPC for
+    the same reasons as a job's daemon; its pipe directory is the GPU's, not a job's."""
+    name = pool_pod_name(node, index)
+    c: dict[str, Any] = {
+        "name": "mps-daemon", "image": image, "imagePullPolicy": "IfNotPresent",
+        "args": commands.pool_daemon("/mps/pipe", "/mps/log", metrics_port=METRICS_PORT),
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, *NO_MULTICAST_ENV,
+                {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/mps/pipe"},
+                {"name": "CUDA_MPS_LOG_DIRECTORY", "value": "/mps/log"},
+                {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}],
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
+        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+        "securityContext": _daemon_security(),
+        "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}, {"name": "mps", "mountPath": "/mps"}],
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 5},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}, "initialDelaySeconds": 20,
+                          "periodSeconds": 20, "failureThreshold": 3},
+    }
+    pod: dict[str, Any] = {
+        "containers": [c],
+        "volumes": [{"name": "scratch", "emptyDir": {}},
+                    {"name": "mps", "hostPath": {"path": pool_host_dir(index), "type": "DirectoryOrCreate"}}],
+        "nodeSelector": {"kubernetes.io/hostname": node}, "hostIPC": True, "restartPolicy": "Always",
+        "automountServiceAccountToken": False, "enableServiceLinks": False, "terminationGracePeriodSeconds": 30,
+    }
+    if tolerations:
+        pod["tolerations"] = copy.deepcopy(list(tolerations))
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": pool_labels(node, index),
+                         "annotations": {POOL_NODE_ANNOTATION: node}},
+            "spec": pod}

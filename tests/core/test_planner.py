@@ -255,3 +255,108 @@ def test_no_builders_section_no_pool() -> None:
     assert "--build-service" not in containers(job)[0]["args"] and "build-key" not in str(job)
     s = parse_spec("tj", {"model": {"name": "tiny_cnn"}, "builders": {"replicas": 2}})
     assert not [o for o in plan(JOB, s) if o["kind"] == "HorizontalPodAutoscaler"]  # no autoscale: fixed replicas
+
+
+# ---- GPU sharing modes (docs/gpu-pools.md) --------------------------------------------------------
+def _env(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value") for e in c["env"]}
+
+
+def test_pool_mode_servers_join_the_gpu_pool_they_were_placed_on() -> None:
+    from sharetune.admission import GpuId, Placement
+    from sharetune.api.topology import POOL_LABEL
+    from sharetune.planner import plan_pool
+    from sharetune.sharing import Sharing
+
+    s = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda", "nodeSelector": {"gpu": "h200"},
+                          "affinity": {"nodeAffinity": {}}, "gpuSharing": {"share": 50, "pinnedMemory": "8G"}})
+    placed = Sharing("pool", Placement((GpuId("gpu-b", 1),), 50, 8192))
+    k = by_kind(plan(JOB, s, sharing=placed))
+    assert "Pod" not in k  # no daemon of the job's own: the GPU's pool is the operator's
+    srv = next(d for d in k["Deployment"] if d["metadata"]["name"] == "tj-servers")
+    pod, c = pod_spec(srv), containers(srv)[0]
+    # Pinned to the node the ledger chose (the job's nodeSelector kept, its affinity not applied).
+    assert pod["nodeSelector"] == {"gpu": "h200", "kubernetes.io/hostname": "gpu-b"} and "affinity" not in pod
+    assert pod["hostIPC"] is True and "nvidia.com/gpu" not in str(c.get("resources"))
+    assert next(v for v in pod["volumes"] if v["name"] == "mps")["hostPath"] == {
+        "path": "/run/sharetune/pools/gpu-1", "type": "Directory"}
+    env = _env(c)
+    # The share split between the 2 servers, the memory budget likewise.
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25" and env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/pipe"
+    assert srv["spec"]["template"]["metadata"]["labels"][POOL_LABEL] == "pool-gpu-b-gpu1"
+    # The pool daemon of that GPU: the operator's namespace, no owner, pinned, one GPU, root only
+    # to hand over its host directory, the same pipe directory.
+    daemon = plan_pool("gpu-b", 1, "sharetune-system", tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}])
+    m, dpod, dc = daemon["metadata"], pod_spec(daemon), containers(daemon)[0]
+    assert (m["name"], m["namespace"], m["labels"][POOL_LABEL]) == ("pool-gpu-b-gpu1", "sharetune-system",
+                                                                     "pool-gpu-b-gpu1")
+    assert "ownerReferences" not in m and m["labels"]["app.kubernetes.io/component"] == "gpu-pool"
+    assert dpod["nodeSelector"] == {"kubernetes.io/hostname": "gpu-b"} and dpod["hostIPC"] is True
+    assert dpod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    assert dc["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    assert dc["securityContext"]["privileged"] is False and not dc["securityContext"]["allowPrivilegeEscalation"]
+    assert next(v for v in dpod["volumes"] if v["name"] == "mps")["hostPath"]["path"] == "/run/sharetune/pools/gpu-1"
+    # No default limits on a shared daemon: each job's servers set their own.
+    assert dc["args"] == ["mps-daemon", "--pipe-dir", "/mps/pipe", "--log-dir", "/mps/log", "--metrics-port", "9400"]
+    # The merge measures under the same pool, inside the job's share and memory budget.
+    merge = plan_merge(JOB, s, sharing=placed)
+    menv = _env(containers(merge)[0])
+    assert menv["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50" and menv["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8G"
+    assert pod_spec(merge)["nodeSelector"]["kubernetes.io/hostname"] == "gpu-b"
+
+
+def test_pool_mode_multi_gpu_groups_follow_their_own_gpus() -> None:
+    from sharetune.admission import GpuId, Placement
+    from sharetune.sharing import Sharing
+
+    s = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda", "gpuSharing": {"gpus": 2, "share": 40}})
+    placed = Sharing("pool", Placement((GpuId("gpu-a", 0), GpuId("gpu-b", 3)), 40))
+    servers = {d["metadata"]["name"]: d for d in plan(JOB, s, sharing=placed) if d["kind"] == "Deployment"
+               and d["metadata"]["labels"]["app.kubernetes.io/component"] == "server"}
+    for name, node, path in (("tj-servers-0", "gpu-a", "/run/sharetune/pools/gpu-0"),
+                             ("tj-servers-1", "gpu-b", "/run/sharetune/pools/gpu-3")):
+        pod = pod_spec(servers[name])
+        assert pod["nodeSelector"]["kubernetes.io/hostname"] == node
+        assert next(v for v in pod["volumes"] if v["name"] == "mps")["hostPath"]["path"] == path
+        assert _env(containers(servers[name])[0])["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "20"
+
+
+def test_device_plugin_mode_servers_request_a_replica_and_run_no_daemon() -> None:
+    from sharetune.sharing import Sharing
+
+    s = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda", "nodeSelector": {"gpu": "h200"},
+                          "gpuSharing": {"mode": "devicePlugin"}, "servers": {"replicas": 3, "threadPercentage": 20}})
+    sharing = Sharing("devicePlugin", resource_name="example.com/mps-gpu")
+    k = by_kind(plan(JOB, s, sharing=sharing))
+    assert "Pod" not in k
+    srv = next(d for d in k["Deployment"] if d["metadata"]["name"] == "tj-servers")
+    pod, c = pod_spec(srv), containers(srv)[0]
+    assert c["resources"]["limits"] == {"example.com/mps-gpu": "1"} and "nvidia.com/gpu" not in c["resources"]["limits"]
+    # The plugin mounts its own pipe directory: no hostPath, no hostIPC, no daemon to follow.
+    assert not pod.get("hostIPC") and "mps" not in {v["name"] for v in pod["volumes"]} and "affinity" not in pod
+    assert pod["nodeSelector"] == {"gpu": "h200"}
+    assert _env(c)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "20"  # can only lower the plugin's split
+    merge = plan_merge(JOB, s, sharing=sharing)
+    assert containers(merge)[0]["resources"] == {"limits": {"example.com/mps-gpu": "1"}}
+
+
+def test_exclusive_mode_is_todays_plan_and_a_pool_needs_a_placement() -> None:
+    import pytest
+
+    from sharetune.sharing import Sharing, SharingConfig
+
+    s = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda", "servers": {"threadPercentage": 30}})
+    assert plan(JOB, s, sharing=Sharing("exclusive")) == plan(JOB, s)  # a daemon per job, as before pools
+    assert plan_merge(JOB, s, sharing=Sharing("exclusive")) == plan_merge(JOB, s)
+    with pytest.raises(ValueError, match="mode pool needs the job's placement"):
+        Sharing("pool")
+    cfg = SharingConfig()
+    assert cfg.mode_of(s) == "pool" and cfg.mode_of(parse_spec("c", {"model": {"name": "resnet18"}})) is None
+    nomps = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda", "gpuSharing": {"mps": False}})
+    assert cfg.mode_of(nomps) == "exclusive"
+    dp = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda", "gpuSharing": {
+        "mode": "devicePlugin", "devicePlugin": {"resourceName": "example.com/gpu"}}})
+    assert cfg.sharing_of(dp) == Sharing("devicePlugin", None, "example.com/gpu")
+    assert SharingConfig(default_mode="devicePlugin").sharing_of(s) == Sharing("devicePlugin", None,
+                                                                                 "nvidia.com/gpu.shared")

@@ -100,3 +100,88 @@ def test_local_only_and_cluster_only_sources_are_refused_with_the_fix() -> None:
     assert str(e.value) == (
         "spec.model.onnx.pvc is cluster-only (a volume mounted into the job's pods); in local mode use "
         "spec.model.onnx.path (a file here), spec.model.onnx.url or spec.model.onnx.configMap")
+
+
+# ---- spec.gpuSharing: mode, share, pinnedMemory (docs/gpu-pools.md) -------------------------------
+def _cuda(**spec):  # type: ignore[no-untyped-def]
+    return parse_spec("j", {"model": {"name": "resnet18"}, "target": "cuda", **spec})
+
+
+def test_share_defaults_and_splits() -> None:
+    # No share: the servers' sum, at most a whole GPU (the default job books one whole GPU).
+    s = _cuda()
+    assert (s.sharing.mode, s.sharing.share, s.sharing.share_explicit, s.sharing.pinned_memory) == (None, 100, False, None)
+    s = _cuda(servers={"replicas": 2, "threadPercentage": 20, "pinnedMemoryLimit": "2G"})
+    assert (s.sharing.share, s.sharing.pinned_memory, s.sharing.pinned_memory_mib) == (40, "4096M", 4096)
+    # A share (and a memory budget) without per-server limits is split evenly between the servers.
+    s = _cuda(gpuSharing={"share": 50, "pinnedMemory": "8G", "mode": "pool"}, servers={"replicas": 3})
+    assert (s.servers.thread_percentage, s.servers.pinned_memory_limit) == (16, "2730M")
+    assert (s.sharing.mode, s.sharing.share, s.sharing.pinned_memory_mib) == ("pool", 50, 8192)
+    s = _cuda(gpuSharing={"mode": "devicePlugin", "devicePlugin": {"resourceName": "example.com/gpu"}})
+    assert s.sharing.device_plugin_resource == "example.com/gpu"
+
+
+@pytest.mark.parametrize("gpu_sharing, servers, message", [
+    ({"share": 50}, {"replicas": 2, "threadPercentage": 40},
+     "spec.servers.threadPercentage: 2 servers x 40% = 80% does not fit in spec.gpuSharing.share 50%; set "
+     "threadPercentage <= 25 (or leave it out: share / replicas) or raise share"),
+    ({"share": 20}, {"servingPercentage": 50},
+     "spec.servers.threadPercentage (the tuning share for servers.servingPercentage 50): 2 servers x 25% = 50% does "
+     "not fit in spec.gpuSharing.share 20%; set threadPercentage <= 10 or raise share"),
+    ({"share": 3}, {"replicas": 4},
+     "spec.gpuSharing.share: 3% cannot give each of 4 servers (servers.replicas) 1%; raise share to at least 4 or "
+     "lower servers.replicas"),
+    ({"pinnedMemory": "4G"}, {"replicas": 2, "pinnedMemoryLimit": "3G"},
+     "spec.servers.pinnedMemoryLimit: 2 servers x 3G is more than spec.gpuSharing.pinnedMemory 4G; lower "
+     "pinnedMemoryLimit (or leave it out: pinnedMemory / replicas) or raise pinnedMemory"),
+    ({"mode": "shared"}, {}, "spec.gpuSharing.mode: 'shared' is not one of pool, exclusive, devicePlugin"),
+    ({"mode": "pool", "mps": False}, {},
+     "spec.gpuSharing.mode: pool shares GPUs through MPS, but spec.gpuSharing.mps is false; set mode: exclusive "
+     "(each server owns a GPU) or drop mps: false"),
+    ({"mode": "devicePlugin", "share": 30}, {},
+     "spec.gpuSharing.share: not used in mode devicePlugin: the device plugin splits each GPU equally between its "
+     "replicas (servers.threadPercentage and servers.pinnedMemoryLimit can only lower a server's split); drop share "
+     "or use mode: pool"),
+    ({"mode": "exclusive", "share": 50}, {},
+     "spec.gpuSharing.share: mode exclusive books whole GPUs (100); drop share or use mode: pool"),
+    ({"mode": "pool", "devicePlugin": {"resourceName": "nvidia.com/gpu.shared"}}, {},
+     "spec.gpuSharing.devicePlugin: only used in mode devicePlugin (this job's mode is pool); drop it or set mode: "
+     "devicePlugin"),
+    ({"devicePlugin": {"resourceName": "gpu shared"}}, {},
+     "spec.gpuSharing.devicePlugin.resourceName: 'gpu shared' is not an extended resource name like "
+     "nvidia.com/gpu.shared"),
+    ({"pinnedMemory": "lots"}, {}, "spec.gpuSharing.pinnedMemory: 'lots' is not a size like 16G or 512M"),
+    ({"share": 0}, {}, "spec.gpuSharing.share: 0 is outside [1, 100]"),
+    ({"sahre": 10}, {}, "spec.gpuSharing.sahre: unknown field; did you mean spec.gpuSharing.share?"),
+])
+def test_sharing_errors_name_the_field_and_the_fix(gpu_sharing, servers, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SpecError) as e:
+        _cuda(gpuSharing=gpu_sharing, servers=servers)
+    assert str(e.value) == message
+
+
+def test_sharing_config_from_the_charts_env() -> None:
+    from sharetune.sharing import ConfigError, SharingConfig
+
+    assert SharingConfig.from_env({}) == SharingConfig()
+    c = SharingConfig.from_env({"SHARETUNE_GPU_SHARING_MODE": "exclusive", "SHARETUNE_GPU_OVERCOMMIT": "1.5",
+                                "SHARETUNE_GPU_BACKFILL": "true", "SHARETUNE_GPU_POOL_IDLE_SECONDS": "60",
+                                "SHARETUNE_GPU_CROSS_NAMESPACE": "false", "SHARETUNE_GPU_POOL_NAMESPACE": "ops",
+                                "SHARETUNE_GPU_DEVICE_PLUGIN_RESOURCE": "example.com/gpu",
+                                "SHARETUNE_GPU_POOL_TOLERATIONS": '[{"key": "nvidia.com/gpu", "operator": "Exists"}]'})
+    assert (c.default_mode, c.overcommit, c.backfill, c.pool_idle_s, c.cross_namespace, c.pool_namespace,
+            c.device_plugin_resource) == ("exclusive", 1.5, True, 60.0, False, "ops", "example.com/gpu")
+    assert c.pool_tolerations == ({"key": "nvidia.com/gpu", "operator": "Exists"},)
+    assert c.policy.capacity == 150
+    for env, message in [
+        ({"SHARETUNE_GPU_OVERCOMMIT": "0.5"},
+         "SHARETUNE_GPU_OVERCOMMIT='0.5' (gpuSharing.overcommit): expected a number >= 1"),
+        ({"SHARETUNE_GPU_SHARING_MODE": "mps"},
+         "SHARETUNE_GPU_SHARING_MODE='mps' (gpuSharing.defaultMode): expected pool or exclusive or devicePlugin"),
+        ({"SHARETUNE_GPU_BACKFILL": "yes"}, "SHARETUNE_GPU_BACKFILL='yes' (gpuSharing.backfill): expected true or false"),
+        ({"SHARETUNE_GPU_POOL_TOLERATIONS": "{}"},
+         "SHARETUNE_GPU_POOL_TOLERATIONS='{}' (gpuSharing.poolTolerations): expected a JSON list of tolerations"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            SharingConfig.from_env(env)
+        assert str(e.value) == message

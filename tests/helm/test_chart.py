@@ -88,6 +88,33 @@ def test_lint_and_values_schema() -> None:
     assert typo.returncode != 0 and "imagee" in typo.stderr
 
 
+def test_gpu_sharing_values_reach_the_operator() -> None:
+    """The chart's gpuSharing values become the operator's environment, which
+    SharingConfig.from_env reads back as they were set (docs/gpu-pools.md)."""
+    from sharetune.sharing import SharingConfig
+
+    def env_of(*sets: str) -> dict[str, str]:
+        out = helm(None, "template", "x", str(CHART), "-n", "ops", "--show-only", "templates/deployment.yaml",
+                   *[a for s in sets for a in ("--set", s)]).stdout
+        env = yaml.safe_load(out)["spec"]["template"]["spec"]["containers"][0]["env"]
+        assert {"name": "SHARETUNE_GPU_POOL_NAMESPACE",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in env
+        return {e["name"]: e["value"] for e in env if "value" in e} | {"SHARETUNE_GPU_POOL_NAMESPACE": "ops"}
+
+    assert SharingConfig.from_env(env_of()) == SharingConfig(pool_namespace="ops")
+    c = SharingConfig.from_env(env_of("gpuSharing.defaultMode=exclusive", "gpuSharing.overcommit=1.5",
+                                      "gpuSharing.backfill=true", "gpuSharing.poolIdleSeconds=30",
+                                      "gpuSharing.crossNamespace=true",
+                                      "gpuSharing.devicePlugin.resourceName=example.com/gpu",
+                                      "gpuSharing.poolTolerations[0].key=nvidia.com/gpu",
+                                      "gpuSharing.poolTolerations[0].operator=Exists"))
+    assert c == SharingConfig(default_mode="exclusive", overcommit=1.5, backfill=True, pool_idle_s=30,
+                              cross_namespace=True, device_plugin_resource="example.com/gpu", pool_namespace="ops",
+                              pool_tolerations=({"key": "nvidia.com/gpu", "operator": "Exists"},))
+    bad = helm(None, "template", "x", str(CHART), "--set", "gpuSharing.defaultMode=mps", check=False)
+    assert bad.returncode != 0 and "defaultMode" in bad.stderr
+
+
 @pytest.mark.parametrize("cluster_wide", [False, True])
 def test_template_is_valid_for_the_api_server(helm_cluster, cluster_wide: bool) -> None:  # type: ignore[no-untyped-def]
     kubectl(helm_cluster, "create", "namespace", "dry")

@@ -32,6 +32,12 @@ def mps_daemon(spec: TuningJobSpec, pipe_dir: str, log_dir: str, metrics_port: i
             *_opt("--metrics-port", metrics_port)]
 
 
+def pool_daemon(pipe_dir: str, log_dir: str, metrics_port: int | None = None) -> list[str]:
+    """A GPU pool's MPS control daemon (mode pool, docs/gpu-pools.md): shared by every job on its
+    GPU, so no default limits of its own; each job's servers set theirs in their environment."""
+    return ["mps-daemon", "--pipe-dir", pipe_dir, "--log-dir", log_dir, *_opt("--metrics-port", metrics_port)]
+
+
 def tracker(port: int, host: str | None = None, metrics_port: int | None = None) -> list[str]:
     return ["tracker", *_opt("--host", host), "--port", str(port), *_opt("--metrics-port", metrics_port)]
 

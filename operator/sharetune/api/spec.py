@@ -22,6 +22,12 @@ KIND = "TuningJob"
 PLURAL = "tuningjobs"  # the CRD's resource name (crds/tuningjobs.sharetune.io.yaml)
 TARGETS = ("llvm", "cuda")
 COST_MODELS = ("xgb", "random")
+# How a cuda job's servers get their GPU (docs/gpu-pools.md): a share of a GPU under the operator's
+# per-GPU MPS daemon ("pool"), whole GPUs with a daemon of the job's own ("exclusive"), or replicas
+# of the NVIDIA device plugin's MPS sharing ("devicePlugin").
+MODES = ("pool", "exclusive", "devicePlugin")
+DEFAULT_DEVICE_PLUGIN_RESOURCE = "nvidia.com/gpu.shared"
+_RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?([KMGT]i?|[kmgt])?$")
 
 # The fields each section of a TuningJob accepts: the CRD's schema, in the one place the parser
@@ -37,7 +43,8 @@ FIELDS: dict[str, frozenset[str]] = {k: frozenset(v.split()) for k, v in {
     "spec.model.onnx.configMap": "name key",
     "spec.model.onnx.pvc": "claimName path",
     "spec.trials": "total perTask perIteration",
-    "spec.gpuSharing": "mps gpus",
+    "spec.gpuSharing": "mps gpus mode share pinnedMemory devicePlugin",
+    "spec.gpuSharing.devicePlugin": "resourceName",
     "spec.servers": "replicas threadPercentage servingPercentage pinnedMemoryLimit resources",
     "spec.clients": "shards builderWorkers backoffLimitPerIndex resources",
     "spec.output": "configMap s3",
@@ -88,6 +95,34 @@ class ServerSpec:
 
 
 @dataclass(frozen=True)
+class GpuSharing:
+    """What a cuda job asks of each of its GPUs (spec.gpuSharing beyond mps/gpus)."""
+
+    mode: str | None = None  # None: the operator's default (the chart's gpuSharing.defaultMode)
+    # Percent of one GPU's SMs booked for the job on each of its GPUs; the job's servers together
+    # (servers.replicas x servers.threadPercentage) fit inside it.
+    share: int = 100
+    share_explicit: bool = False
+    pinned_memory: str | None = None  # device memory budget per GPU; None = not booked
+    device_plugin_resource: str | None = None  # None: the operator's default (nvidia.com/gpu.shared)
+
+    @property
+    def pinned_memory_mib(self) -> int:
+        return quantity_mib(self.pinned_memory) if self.pinned_memory else 0
+
+
+def quantity_mib(q: str) -> int:
+    """A size as MPS reads it (``4G``, ``512M``, ``8Gi``: binary units either way) in MiB, rounded
+    down; what the admission ledger adds up."""
+    m = _QUANTITY.match(q)
+    if m is None:
+        raise SpecError(f"{q!r} is not a size like 4G or 512M")
+    number = float(q[:len(q) - len(m.group(2) or "")])
+    scale = {"": 1 / 2**20, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[(m.group(2) or "")[:1].upper()]
+    return int(number * scale)
+
+
+@dataclass(frozen=True)
 class S3Output:
     bucket: str
     secret_name: str
@@ -121,6 +156,7 @@ class TuningJobSpec:
     backoff_limit_per_index: int = 3
     output: OutputSpec = field(default_factory=OutputSpec)
     builders: BuildersSpec | None = None  # spec.builders: the job's build pool on CPU nodes; None = clients build
+    sharing: GpuSharing = field(default_factory=GpuSharing)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -304,6 +340,7 @@ def parse_spec(name: str, spec: dict[str, Any]) -> TuningJobSpec:
     )
     c = _dict(spec, "clients", "spec")
     g = _dict(spec, "gpuSharing", "spec")
+    sharing, servers = parse_sharing(g, s, servers)
     cost = _get(spec, "costModel", str, "xgb", "spec")
     if cost not in COST_MODELS:
         raise SpecError(f"spec.costModel: {cost!r} is not one of {', '.join(COST_MODELS)}")
@@ -339,8 +376,74 @@ def parse_spec(name: str, spec: dict[str, Any]) -> TuningJobSpec:
         cost_model=cost, seed=_int_in(spec, "seed", 0, 0, 2**31 - 1, "spec"),
         builder_workers=workers,
         backoff_limit_per_index=_int_in(c, "backoffLimitPerIndex", 3, 0, 100, "spec.clients"),
-        output=output, builders=parse_builders(spec), raw=spec,
+        output=output, builders=parse_builders(spec), sharing=sharing, raw=spec,
     )
+
+
+def parse_sharing(g: dict[str, Any], s: dict[str, Any], servers: ServerSpec) -> tuple[GpuSharing, ServerSpec]:
+    """spec.gpuSharing's mode, share and pinned-memory budget, checked against the servers they
+    must hold (docs/gpu-pools.md). Returns the servers too: without an explicit threadPercentage
+    (or pinnedMemoryLimit) a share (or budget) is split evenly between them."""
+    where = "spec.gpuSharing"
+    mps = _get(g, "mps", bool, True, where)
+    mode = _get(g, "mode", str, None, where)
+    if mode is not None and mode not in MODES:
+        raise SpecError(f"{where}.mode: {mode!r} is not one of {', '.join(MODES)}")
+    if not mps and mode in ("pool", "devicePlugin"):
+        raise SpecError(f"{where}.mode: {mode} shares GPUs through MPS, but {where}.mps is false; set mode: "
+                        "exclusive (each server owns a GPU) or drop mps: false")
+    dp = _get(g, "devicePlugin", dict, None, where)
+    resource = dp and _get(dp, "resourceName", str, None, f"{where}.devicePlugin")
+    if resource is not None and not _RESOURCE_NAME.match(resource):
+        raise SpecError(f"{where}.devicePlugin.resourceName: {resource!r} is not an extended resource name "
+                        "like nvidia.com/gpu.shared")
+    if dp is not None and mode in ("pool", "exclusive"):
+        raise SpecError(f"{where}.devicePlugin: only used in mode devicePlugin (this job's mode is {mode}); "
+                        "drop it or set mode: devicePlugin")
+    pinned = _get(g, "pinnedMemory", str, None, where)
+    if pinned is not None and not _QUANTITY.match(pinned):
+        raise SpecError(f"{where}.pinnedMemory: {pinned!r} is not a size like 16G or 512M")
+    has_share = g.get("share") is not None
+    share = _int_in(g, "share", 100, 1, 100, where) if has_share else None
+    if mode == "devicePlugin" and (has_share or pinned is not None):
+        field_ = "share" if has_share else "pinnedMemory"
+        raise SpecError(f"{where}.{field_}: not used in mode devicePlugin: the device plugin splits each GPU "
+                        "equally between its replicas (servers.threadPercentage and servers.pinnedMemoryLimit "
+                        f"can only lower a server's split); drop {field_} or use mode: pool")
+    if mode == "exclusive" and has_share and share != 100:
+        raise SpecError(f"{where}.share: mode exclusive books whole GPUs (100); drop share or use mode: pool")
+    replicas = servers.replicas
+    if share is not None:
+        if share < replicas:
+            raise SpecError(f"{where}.share: {share}% cannot give each of {replicas} servers (servers.replicas) "
+                            f"1%; raise share to at least {replicas} or lower servers.replicas")
+        if s.get("threadPercentage") is None and s.get("servingPercentage") is None:
+            servers = ServerSpec(replicas, share // replicas, servers.pinned_memory_limit, servers.serving_percentage)
+        if replicas * servers.thread_percentage > share:
+            derived = (f" (the tuning share for servers.servingPercentage {servers.serving_percentage})"
+                       if s.get("threadPercentage") is None else "")
+            raise SpecError(f"spec.servers.threadPercentage{derived}: {replicas} servers x {servers.thread_percentage}% = "
+                            f"{replicas * servers.thread_percentage}% does not fit in {where}.share {share}%; set "
+                            f"threadPercentage <= {share // replicas}"
+                            + ("" if derived else " (or leave it out: share / replicas)") + " or raise share")
+    else:
+        # No share asked for: book what the servers can take together (a whole GPU by default).
+        share = min(100, replicas * servers.thread_percentage)
+    if pinned is not None:
+        budget = quantity_mib(pinned)
+        if servers.pinned_memory_limit is None:
+            if budget // replicas < 1:
+                raise SpecError(f"{where}.pinnedMemory: {pinned} is less than 1M per server for {replicas} servers")
+            servers = ServerSpec(replicas, servers.thread_percentage, f"{budget // replicas}M",
+                                 servers.serving_percentage)
+        elif replicas * quantity_mib(servers.pinned_memory_limit) > budget:
+            raise SpecError(f"spec.servers.pinnedMemoryLimit: {replicas} servers x {servers.pinned_memory_limit} is "
+                            f"more than {where}.pinnedMemory {pinned}; lower pinnedMemoryLimit (or leave it out: "
+                            "pinnedMemory / replicas) or raise pinnedMemory")
+    elif servers.pinned_memory_limit is not None:
+        pinned = f"{replicas * quantity_mib(servers.pinned_memory_limit)}M"
+    return GpuSharing(mode=mode, share=share, share_explicit=has_share, pinned_memory=pinned,
+                      device_plugin_resource=resource), servers
 
 
 def load_job(source: str | Path | dict[str, Any]) -> TuningJobSpec:

@@ -7,6 +7,8 @@ here, so a name is written once. Pure: standard library and the spec only.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 
 from .spec import TuningJobSpec
@@ -21,6 +23,7 @@ MODEL_DIR = "/model"  # an ONNX model from a ConfigMap or PVC, mounted read-only
 MODEL_DIR_ENV = "SHARETUNE_MODEL_DIR"
 MODEL_FILE = "model.onnx"  # a ConfigMap-sourced model's file name in MODEL_DIR
 MPS_HOST_ROOT = "/run/sharetune/mps"  # per-job pipe/log directories on the GPU node
+MPS_POOL_ROOT = "/run/sharetune/pools"  # per-GPU pool pipe/log directories (mode pool), <root>/gpu-<index>
 BUILD_PORT = 9192  # the builder pods' build service (spec.builders; docs/build-pool.md)
 BUILD_KEY_DIR = "/etc/sharetune/build-key"  # the job's build key Secret, mounted read-only
 BUILD_KEY_FILE = "authkey"  # its key and file name
@@ -153,3 +156,22 @@ def gpu_groups(spec: TuningJobSpec) -> list[int | None]:
 def in_group(name: str, g: int | None) -> str:
     """A name within GPU group ``g``: ``<name>-<g>``; the plain name outside groups."""
     return name if g is None else f"{name}-{g}"
+
+
+# ---- GPU pools (mode pool; docs/gpu-pools.md) -----------------------------------------------------
+POOL_LABEL = "sharetune.io/gpu-pool"  # on a pool daemon pod and on the servers attached to it: its name
+POOL_NODE_ANNOTATION = "sharetune.io/node"  # a pool daemon's node (node names may exceed a label value)
+
+
+def pool_pod_name(node: str, index: int) -> str:
+    """The pool daemon pod of GPU ``index`` on ``node``: deterministic (creating it twice is a
+    409), a DNS label and a label value (<= 63 characters) whatever the node's name."""
+    base = re.sub(r"[^a-z0-9-]+", "-", node.lower()).strip("-") or "node"
+    if len(base) > 40 or base != node:
+        base = f"{base[:31].strip('-')}-{hashlib.sha256(node.encode()).hexdigest()[:8]}"
+    return f"pool-{base}-gpu{index}"
+
+
+def pool_host_dir(index: int) -> str:
+    """The pipe/log directory of GPU ``index``'s pool on its node (a hostPath)."""
+    return f"{MPS_POOL_ROOT}/gpu-{index}"

@@ -10,6 +10,7 @@ from typing import Any
 from kubernetes import client, config
 
 from ..planner import DEFAULT_IMAGE
+from ..sharing import SharingConfig
 from .metrics import JobPhases
 
 MEMO_KEY = "sharetune"
@@ -32,12 +33,15 @@ class Context:
     image: str = DEFAULT_IMAGE
     status_interval_s: float = 3.0
     phases: JobPhases = field(default_factory=JobPhases)
+    sharing: SharingConfig = field(default_factory=SharingConfig)  # the chart's gpuSharing values
 
     @classmethod
     def from_env(cls, namespaces: tuple[str, ...] = ()) -> "Context":
         return cls(api=load_api(), namespaces=tuple(namespaces),
                    image=os.environ.get("SHARETUNE_TUNER_IMAGE", DEFAULT_IMAGE),
-                   status_interval_s=float(os.environ.get("SHARETUNE_STATUS_INTERVAL", "3")))
+                   status_interval_s=float(os.environ.get("SHARETUNE_STATUS_INTERVAL", "3")),
+                   # A bad setting stops the operator at start, naming the variable and chart value.
+                   sharing=SharingConfig.from_env())
 
     @property
     def core(self) -> client.CoreV1Api:
