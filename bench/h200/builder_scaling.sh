@@ -26,7 +26,7 @@ for c in "${plan[@]}"; do
     inclient-c16)                cell "$c" --builder-workers 6 ;;                  # the whole machine, r4 style
     # issue 17.4: the headline cell (16 trials per task, one round per shard) with stock-sized
     # evolutionary search vs the lite population while the cost model is cold; seeds 0 and 1
-    evo-s0|evo-s1|lite-s0|lite-s1)
+    evo-s[0-9]|lite-s[0-9]|short-s[0-9])
       search=${c%-s*}; seed=${c#*-s}; [ "$search" = evo ] && search=evolutionary
       BENCH_COLD_SEARCH=$search python3 bench/h200/tune_cell.py --id "search-$c-$round" --mode sharetune \
         --model resnet18 --tasks 6 --trials 16 --per-iter 16 --clients 6 --servers 6 --pct 50 --seed "$seed" \

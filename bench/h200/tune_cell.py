@@ -30,20 +30,27 @@ def _records(db: Path) -> list[Any]:
     return read_lines(db / RECORDS)
 
 
-def _best_us(dbs: list[Path]) -> dict[str, float]:
-    """Best measured latency (us) per task (workload hash) over the cell's databases: the search
-    quality a cell reached, compared between arms that differ only in search."""
+def _all_us(dbs: list[Path]) -> dict[str, list[float]]:
+    """Every valid measured latency (us) per task (workload hash), sorted: the distribution of the
+    candidates a search proposed. Best-of-16 alone varies 50-87 us (geometric mean over tasks)
+    between runs of one arm (H200 r12-r14), too noisy to compare searches; the whole distribution
+    is 16x the samples."""
     from sharetune_tuner.records import RECORDS, WORKLOADS, read_lines
 
-    best: dict[str, float] = {}
+    found: dict[str, list[float]] = {}
     for db in dbs:
         hashes = [str(w[0]) for w in read_lines(db / WORKLOADS)]
         for idx, body in read_lines(db / RECORDS):
             secs = [float(x) for x in (body[1] or [])]
             if secs and sum(secs) / len(secs) < 1e9 and idx < len(hashes):
-                us = sum(secs) / len(secs) * 1e6
-                best[hashes[idx]] = round(min(us, best.get(hashes[idx], us)), 3)
-    return best
+                found.setdefault(hashes[idx], []).append(round(sum(secs) / len(secs) * 1e6, 3))
+    return {k: sorted(v) for k, v in found.items()}
+
+
+def _best_us(dbs: list[Path]) -> dict[str, float]:
+    """Best measured latency (us) per task (workload hash) over the cell's databases: the search
+    quality a cell reached, compared between arms that differ only in search."""
+    return {k: v[0] for k, v in _all_us(dbs).items()}
 
 
 def _failed(recs: list[Any]) -> int:
@@ -352,6 +359,7 @@ def main() -> int:
         "first_record_s": round(first - t0, 2), "last_record_s": round(last - t0, 2),
         "records": len(recs), "failed": _failed(recs),
         "best_us": _best_us([Path(d) for d in r["db_dirs"]]),
+        "all_us": _all_us([Path(d) for d in r["db_dirs"]]),
         # r11 ran with replay as the client's default; the default is evolutionary since
         "search": os.environ.get("BENCH_COLD_SEARCH") or "client default",
         "trials_per_s": round(len(recs) / (t1 - t0), 4),

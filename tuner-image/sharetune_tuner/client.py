@@ -192,7 +192,8 @@ def plan_shard(tasks: list[Task], cfg: ClientConfig) -> ShardPlan:
 #   lite:   evolutionary search with the same number of generations but a population of 2x the batch
 #           instead of 8x: with random scores the batch is a random draw from the evolved population,
 #           so its size buys nothing while sampling and mutating it costs in proportion.
-COLD_SEARCHES = ("replay", "lite")
+#   short:  the stock population with one generation of mutation instead of four.
+COLD_SEARCHES = ("replay", "lite", "short")
 LITE_POPULATION_PER_CANDIDATE = 2
 
 
@@ -223,6 +224,9 @@ def search_strategy(cfg: ClientConfig, cold: bool = False) -> Any:
     if cold and cfg.cold_search == "replay":
         return ms.search_strategy.ReplayTrace()
     stock = cfg.population_size or max(64, min(512, 8 * cfg.trials_per_iter))
+    if cold and cfg.cold_search == "short":
+        return ms.search_strategy.EvolutionarySearch(population_size=stock, genetic_num_iters=1,
+                                                     init_min_unmeasured=min(50, stock // 2))
     if not (cold and cfg.cold_search == "lite"):
         return ms.search_strategy.EvolutionarySearch(population_size=stock, init_min_unmeasured=min(50, stock // 2))
     population = max(16, LITE_POPULATION_PER_CANDIDATE * cfg.trials_per_iter)
