@@ -55,3 +55,10 @@ def test_lite_keeps_evolution_with_a_population_sized_to_the_batch() -> None:
     assert cold.max_fail_count == 20  # as many draws before giving up as the stock 128 x 5
     assert cold.genetic_num_iters == search_strategy(lite).genetic_num_iters
     assert search_strategy(lite, cold=False).population_size == 128  # once the model ranks: stock sizing
+
+
+def test_short_keeps_the_population_with_one_generation_while_cold() -> None:
+    short = _cfg(cold_search="short", trials_per_iter=16)
+    cold = search_strategy(short, cold=True)
+    assert (cold.population_size, cold.genetic_num_iters) == (128, 1)
+    assert search_strategy(short, cold=False).genetic_num_iters == 4  # once the model ranks: stock
