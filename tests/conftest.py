@@ -89,6 +89,9 @@ class Operator:
 
         os.environ["KUBECONFIG"] = str(self.kubeconfig)
         os.environ["SHARETUNE_STATUS_INTERVAL"] = "1"
+        # The session's cuda jobs pin today's one-daemon-per-job behaviour; GPU pools have a
+        # cluster of their own (tests/operator/test_gpu_pools.py).
+        os.environ["SHARETUNE_GPU_SHARING_MODE"] = "exclusive"
         self.runner = KopfRunner(["run", "-A", "--standalone", "-m", "sharetune.controller.handlers"],
                                  timeout=60)
         self.runner.__enter__()

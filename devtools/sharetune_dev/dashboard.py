@@ -51,6 +51,13 @@ PANELS: tuple[Panel, ...] = (
         ('max by (server) (sharetune_mps_thread_percentage)', "{{server}}"),), gpu_only=True),
     Panel("Jobs by phase", "short", (
         ('sum by (phase) (sharetune_operator_jobs)', "{{phase}}"),), kind="stat"),
+    # GPU pools (docs/gpu-pools.md): the operator's share ledger. Booked shares exist only where
+    # pool-mode jobs run; the queue and the wait are always exported.
+    Panel("GPU share booked per GPU (pools)", "percent", (
+        ('max by (node, gpu) (sharetune_gpu_allocated_share_percent)', "{{node}}/{{gpu}}"),), gpu_only=True),
+    Panel("Jobs waiting for a GPU share, and their wait", "short", (
+        ('max(sharetune_gpu_queue_length)', "queued"),
+        ('histogram_quantile(0.9, sum by (le) (rate(sharetune_gpu_wait_seconds_bucket[15m])))', "p90 wait (s)"))),
 )
 
 

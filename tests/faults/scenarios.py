@@ -51,14 +51,17 @@ class FaultRow:
 class OperatorProcess:
     """`sharetune operator` as a process of its own, so it can be SIGKILLed like a crashed pod."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path, env: dict[str, str] | None = None) -> None:
         self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        # Mode exclusive (a daemon per job) unless a test asks for GPU pools.
+        self.env = {"SHARETUNE_GPU_SHARING_MODE": "exclusive", **(env or {})}
         self.proc = ProcessGroup("operator", [sys.executable, "-m", "sharetune.cli", "operator", "--namespace",
                                               namespace, "--metrics-port", "-1", "--liveness-port", "-1"], log)
         self.starts = 0
 
     def start(self) -> None:
-        self.proc.env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "SHARETUNE_STATUS_INTERVAL": "1"}
+        self.proc.env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "SHARETUNE_STATUS_INTERVAL": "1",
+                         **self.env}
         self.proc.start()
         self.starts += 1
 

@@ -122,9 +122,13 @@ def test_template_is_valid_for_the_api_server(helm_cluster, cluster_wide: bool) 
                "--skip-tests").stdout
     r = kubectl(helm_cluster, "apply", "--dry-run=server", "-f", "-", stdin=out)
     assert r.returncode == 0, r.stderr
-    kinds = {d["kind"] for d in yaml.safe_load_all(out) if d}
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    kinds = {d["kind"] for d in docs}
     assert kinds == {"ServiceAccount", "CustomResourceDefinition", "Deployment", "Service", "ConfigMap",
-                     "ClusterRole" if cluster_wide else "Role", "ClusterRoleBinding" if cluster_wide else "RoleBinding"}
+                     "ClusterRole", "ClusterRoleBinding"} | (set() if cluster_wide else {"Role", "RoleBinding"})
+    # The GPU share ledger's cluster-wide view (nodes, GPUs other pods hold) is read-only.
+    view = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-gpu-view"))
+    assert {v for r in view["rules"] for v in r["verbs"]} <= {"get", "list", "watch"}
 
 
 def test_helm_test_hook_is_valid_and_least_privileged(helm_cluster) -> None:  # type: ignore[no-untyped-def]

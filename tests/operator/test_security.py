@@ -29,14 +29,14 @@ OPERATOR_NEEDS: dict[tuple[str, str], set[str]] = {
     ("sharetune.io", "tuningjobs"): {"get", "list", "watch", "patch", "update", "delete"},  # kopf watch/patch; TTL delete
     ("sharetune.io", "tuningjobs/status"): {"get", "patch", "update"},  # status loop
     ("", "configmaps"): {"get", "list", "watch", "create", "update", "patch"},  # spec/shard/result CMs; snapshot list
-    ("", "pods"): {"get", "list", "watch", "create", "delete"},  # MPS daemon pod (replace a failed one)
+    ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},  # MPS daemon/GPU pool pods; a pool's idle mark
     ("", "services"): {"get", "create"},  # tracker Service
     ("", "serviceaccounts"): {"get", "create"},  # the job pods' identity
     ("", "secrets"): {"get", "create"},  # S3 cleanupOnDelete; a job's build key (spec.builders)
     ("autoscaling", "horizontalpodautoscalers"): {"create"},  # spec.builders.autoscale
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
-    ("apps", "deployments"): {"get", "create", "patch"},  # tracker/servers; restart after an MPS fault
+    ("apps", "deployments"): {"get", "list", "create", "patch"},  # tracker/servers; restart after an MPS fault; a pool's servers
     ("apps", "deployments/scale"): {"patch"},  # live scaling
     ("batch", "jobs"): {"get", "list", "watch", "create", "patch"},  # clients + merge; snapshot list; clamp
     ("rbac.authorization.k8s.io", "roles"): {"create"},
@@ -93,6 +93,20 @@ def test_operator_service_account_has_exactly_what_it_uses(k8s, cluster, ns) -> 
     # Namespaced by default: nothing in another namespace.
     assert not _can(k8s, user, "default", "create", "pods")
     assert not _can(k8s, user, "default", "get", "secrets")
+    # The GPU share ledger's cluster-wide view: read nodes and list pods anywhere, nothing else.
+    view = next(d for d in docs if d["kind"] == "ClusterRole")
+    binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
+    rbac.create_cluster_role(view)
+    rbac.create_cluster_role_binding(binding)
+    try:
+        wait_for("GPU view in effect", lambda: _can(k8s, user, "", "list", "nodes"))
+        assert _can(k8s, user, "default", "list", "pods") and _can(k8s, user, "", "watch", "nodes")
+        for verb, resource, where in [("patch", "nodes", ""), ("get", "pods", "default"), ("create", "pods", "default"),
+                                      ("list", "secrets", "default"), ("delete", "pods", "default")]:
+            assert not _can(k8s, user, where, verb, resource), (verb, resource, where)
+    finally:
+        rbac.delete_cluster_role_binding(binding["metadata"]["name"])
+        rbac.delete_cluster_role(view["metadata"]["name"])
 
 
 def test_job_pods_reach_only_their_own_configmaps(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]

@@ -64,6 +64,9 @@ class LocalRun:
     # clients.shards): the other clients are stopped, never restarted, and the merge reads n shards.
     clamped_to: int | None = None
     model_env: dict[str, str] = field(default_factory=dict)  # where the processes find the model
+    # GPU group -> a local GPU pool's directory (local_pool.py): the MPS daemon there is shared
+    # with other jobs and is not this run's to start or stop.
+    shared_mps: dict[int | None, Path] | None = None
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -95,6 +98,8 @@ class LocalRun:
         return gpu_groups(self.spec)
 
     def mps_dir(self, g: int | None) -> Path:
+        if self.shared_mps is not None:
+            return self.shared_mps[g]
         return self.workdir / ("mps" if g is None else f"mps-{g}")
 
     def mps_env(self, g: int | None) -> dict[str, str]:
@@ -135,7 +140,7 @@ class LocalRun:
             # First: its workers start (import tvm) while the daemon and servers come up.
             self.build_socket = self.scratch / "sock"
             self._spawn("build-service", commands.build_service(str(self.build_socket)))
-        if self.spec.uses_mps:
+        if self.spec.uses_mps and self.shared_mps is None:
             for g in groups:
                 self._spawn(in_group("mps-daemon", g), commands.mps_daemon(
                     self.spec, str(self.mps_dir(g) / "pipe"), str(self.mps_dir(g) / "log")), self.daemon_env(g))

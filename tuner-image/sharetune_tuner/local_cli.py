@@ -17,10 +17,13 @@ from rich.table import Table
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = sub.add_parser("run", help="run a TuningJob (local mode: as processes on this machine)")
-    p.add_argument("job", type=Path, help="TuningJob YAML")
+    p.add_argument("job", type=Path, nargs="+",
+                   help="TuningJob YAML; several run at once, the cuda ones sharing each GPU through one MPS "
+                        "daemon, admitted by their gpuSharing.share (first come first served)")
     p.add_argument("--local", action="store_true", required=True,
                    help="run the topology as local processes (the operator runs it as pods)")
-    p.add_argument("--workdir", type=Path, default=None, help="default: ./runs/<job name>")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="default: ./runs/<job name> (several jobs: ./runs, one folder per job)")
     p.add_argument("--json", type=Path, default=None, help="also write the summary here")
     p.set_defaults(func=run)
 
@@ -40,6 +43,11 @@ def run(a: argparse.Namespace) -> int:
     from .local import LocalRun
 
     console = Console()
+    if len(a.job) > 1:
+        from .local_multi import run_many
+
+        return run_many(a.job, a.workdir, a.json, console)
+    a.job = a.job[0]
     try:
         spec = load_job(a.job)
     except (SpecError, OSError) as e:

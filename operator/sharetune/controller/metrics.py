@@ -30,3 +30,10 @@ class JobPhases:
             counts[p] = counts.get(p, 0) + 1
         for p, n in counts.items():
             JOBS.labels(p).set(n)
+
+# GPU pools (mode pool, docs/gpu-pools.md): the ledger after each status tick.
+GPU_SHARE = Gauge("sharetune_gpu_allocated_share_percent", "Share of a GPU booked by pool-mode jobs",
+                  ["node", "gpu"])
+GPU_QUEUE = Gauge("sharetune_gpu_queue_length", "Pool-mode jobs waiting for a GPU share")
+GPU_WAIT = Histogram("sharetune_gpu_wait_seconds", "Time from a job's creation to its GPU share's admission",
+                     buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200))

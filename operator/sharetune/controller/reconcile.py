@@ -22,7 +22,10 @@ from kubernetes import client
 from ..api.spec import API_GROUP, API_VERSION, PLURAL, SpecError, TuningJobSpec, check_runs_on_cluster, parse_spec
 from ..api.topology import ChildNames
 from ..planner import JobRef, daemon_names, plan, plan_merge, result_location, servers_scale
-from . import events, kube, metrics
+from ..admission import placement_of
+from ..gpushare import WAITING, device_plugin_message
+from ..sharing import DEVICE_PLUGIN, EXCLUSIVE, POOL, Sharing
+from . import events, gpupool, kube, metrics
 from .context import Context
 from .observe import Snapshot, observe, snapshot
 from .status import (FAILED, FINAL, PENDING, SUCCEEDED, DaemonView, Observed, condition, improved_condition,
@@ -43,23 +46,64 @@ def _spec_or_fail(ctx: Context, name: str, spec: Any, body: Any, patch: kopf.Pat
         return None
 
 
+def _sharing(ctx: Context, s: TuningJobSpec, status: Any) -> tuple[Sharing | None, bool]:
+    """(the planner's sharing input, whether the job must wait): a pool-mode job is planned only
+    once the ledger has placed it (``status.gpuPlacement``, written by the GPU tick)."""
+    mode = ctx.sharing.mode_of(s)
+    if mode == POOL:
+        placement = placement_of(status)
+        if placement is None:
+            return None, True
+        return ctx.sharing.sharing_of(s, placement), False
+    return ctx.sharing.sharing_of(s), False
+
+
 def ensure_children(ctx: Context, body: Any, name: str, namespace: str, uid: str, spec: Any, status: Any, meta: Any,
                     patch: kopf.Patch) -> None:
-    t0 = time.monotonic()
     if status.get("phase") in FINAL:
         return
     s = _spec_or_fail(ctx, name, spec, body, patch, meta.get("generation"))
     if s is None:
         return
     job = JobRef(name, namespace, uid)
+    _say_mode(ctx, body, s, status, patch)
+    sharing, wait = _sharing(ctx, s, status)
+    if wait:  # the GPU tick books a share, then creates the children (gpupool.py)
+        if not status.get("phase"):
+            patch.status["startTime"] = now()
+            patch.status["resultLocation"] = result_location(job, s)
+            events.set_phase(ctx.api, body, patch, PENDING, WAITING,
+                             f"waiting for a GPU share of {s.sharing.share}% (mode pool): the operator books one "
+                             f"on its next tick", meta.get("generation"), dict(status))
+        return
+    create_children(ctx, body, job, s, sharing, dict(status), meta.get("generation"), patch)
+
+
+def _say_mode(ctx: Context, body: Any, s: TuningJobSpec, status: Any, patch: kopf.Patch) -> None:
+    """``status.gpuSharingMode``; in mode devicePlugin also ``status.gpu`` and one Event saying what
+    the plugin's equal split means for the job's thread percentage."""
+    mode = ctx.sharing.mode_of(s)
+    if mode is None or status.get("gpuSharingMode") == mode:
+        return
+    patch.status["gpuSharingMode"] = mode
+    if mode == DEVICE_PLUGIN:
+        resource = s.sharing.device_plugin_resource or ctx.sharing.device_plugin_resource
+        patch.status["gpu"] = f"{s.total_servers} x {resource}"
+        events.post(ctx.api, body, "Normal", "DevicePluginShare", device_plugin_message(s, resource))
+
+
+def create_children(ctx: Context, body: Any, job: JobRef, s: TuningJobSpec, sharing: Sharing | None,
+                    status: dict[str, Any], generation: int | None, patch: kopf.Patch) -> None:
+    """Every planned child, idempotently (409 = already there); Pending/Created on the first run."""
+    t0 = time.monotonic()
     created = 0
     try:
-        objs = plan(job, s, ctx.image)
+        objs = plan(job, s, ctx.image, sharing)
     except Exception as e:  # a spec the parser let through but the planner cannot use: fail, don't loop
-        log.exception("planning %s/%s", namespace, name)
+        log.exception("planning %s/%s", job.namespace, job.name)
         metrics.ERRORS.labels("create", "PlanError").inc()
         events.set_phase(ctx.api, body, patch, FAILED, "InvalidSpec", f"cannot plan this job: {type(e).__name__}: {e}",
-                         meta.get("generation"), dict(status))
+                         generation, status)
         return
     for obj in objs:
         try:
@@ -75,14 +119,13 @@ def ensure_children(ctx: Context, body: Any, name: str, namespace: str, uid: str
             why = kube.reason(e) if isinstance(e, client.ApiException) else " ".join(str(e).split())[:500]
             metrics.ERRORS.labels("create", "ChildRejected").inc()
             events.set_phase(ctx.api, body, patch, FAILED, "ChildRejected",
-                             f"{obj['kind']} {obj['metadata']['name']} rejected: {why}", meta.get("generation"),
-                             dict(status))
+                             f"{obj['kind']} {obj['metadata']['name']} rejected: {why}", generation, status)
             return
     if not status.get("phase"):
         patch.status["startTime"] = now()
         patch.status["resultLocation"] = result_location(job, s)
         events.set_phase(ctx.api, body, patch, PENDING, "Created", f"created {created} child objects",
-                         meta.get("generation"), dict(status))
+                         generation, status)
     metrics.RECONCILE.labels("create").observe(time.monotonic() - t0)
 
 
@@ -140,6 +183,8 @@ def reconcile_all(ctx: Context) -> None:
         items = objs.list_cluster_custom_object(API_GROUP, API_VERSION, PLURAL)["items"]
     active = [b for b in items if not b["metadata"].get("deletionTimestamp")
               and (b.get("status") or {}).get("phase") not in FINAL]
+    if gpupool.needed(ctx, active) or _pools_may_exist(ctx):
+        _gpu_tick(ctx, items)
     snap = snapshot(ctx) if active else Snapshot()
     for body in items:
         if body["metadata"].get("deletionTimestamp"):
@@ -160,6 +205,50 @@ def reconcile_all(ctx: Context) -> None:
                     raise
 
 
+def _pools_may_exist(ctx: Context) -> bool:
+    """Idle pools are released by the tick too, after their last job is gone."""
+    return bool(ctx.core.list_namespaced_pod(ctx.sharing.pool_namespace, label_selector=gpupool.POOL_SELECTOR,
+                                             limit=1).items)
+
+
+def _gpu_tick(ctx: Context, items: list[dict[str, Any]]) -> None:
+    """Books GPU shares (gpupool.tick), then creates the children of the jobs it admitted."""
+    try:
+        result = gpupool.tick(ctx, items)
+    except client.ApiException as e:  # e.g. no RBAC to list nodes: the other jobs' status goes on
+        metrics.ERRORS.labels("gpu-pool", str(e.status)).inc()
+        log.warning("GPU share tick: %s %s", e.status, kube.reason(e))
+        return
+    for body in items:
+        meta = body["metadata"]
+        placement = result.admitted.get((meta["namespace"], meta["name"]))
+        if placement is None:
+            continue
+        body.setdefault("status", {})["gpuPlacement"] = placement  # this tick's later steps see it
+        s = parse_spec(meta["name"], dict(body.get("spec") or {}))
+        patch = kopf.Patch()
+        create_children(ctx, body, JobRef(meta["name"], meta["namespace"], meta["uid"]), s,
+                        ctx.sharing.sharing_of(s, placement_of(body["status"])), dict(body["status"]),
+                        meta.get("generation"), patch)
+        if patch:
+            ctx.custom.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, meta["namespace"], PLURAL,
+                                                             meta["name"], dict(patch))
+
+
+def _release_gpu_share(ctx: Context, body: dict[str, Any], job: JobRef, s: TuningJobSpec) -> None:
+    """A pool-mode job that finished gives its share back at once: the ledger drops it on the
+    next tick (it is final), and its servers leave the GPU now (scaled to 0, not deleted: the
+    job's deletion removes them with the other children)."""
+    for _, _, servers in daemon_names(job.name, s):
+        try:
+            kube.scale_deployment(ctx.api, job.namespace, servers, 0)
+        except client.ApiException as e:
+            if e.status != 404:
+                log.warning("%s/%s: cannot scale %s to 0: %s", job.namespace, job.name, servers, kube.reason(e))
+    placement = (body.get("status") or {}).get("gpuPlacement") or {}
+    events.post(ctx.api, body, "Normal", "GpuShareReleased", f"released its share of GPU {gpupool.gpu_label(placement)}")
+
+
 def reconcile_status(ctx: Context, body: dict[str, Any], patch: kopf.Patch, snap: Snapshot) -> None:
     t0 = time.monotonic()
     meta, spec, status = body["metadata"], body.get("spec") or {}, body.get("status") or {}
@@ -174,14 +263,17 @@ def reconcile_status(ctx: Context, body: dict[str, Any], patch: kopf.Patch, snap
         s = parse_spec(name, dict(spec))
     except SpecError:
         return
+    sharing, wait = _sharing(ctx, s, status)
+    if wait:
+        return  # the GPU tick keeps its queue position
     job = JobRef(name, namespace, meta["uid"])
     obs = observe(ctx, job, s, snap)
-    if s.uses_mps:
+    if s.uses_mps and (sharing is None or sharing.mode == EXCLUSIVE):  # pools recover in the GPU tick
         recover_mps_daemon(ctx, body, job, s, obs, patch)
     if obs.clamp is not None:
         clamp_clients(ctx, job, obs)
     if obs.clients_succeeded >= obs.client_shards and not obs.merge_exists and not obs.clients_failed:
-        if kube.create(ctx.api, plan_merge(job, s, ctx.image, shards=obs.client_shards)):
+        if kube.create(ctx.api, plan_merge(job, s, ctx.image, shards=obs.client_shards, sharing=sharing)):
             metrics.CHILDREN.labels("Job").inc()
             if s.builders is not None:
                 _release_builders(ctx, job)
@@ -199,6 +291,8 @@ def reconcile_status(ctx: Context, body: dict[str, Any], patch: kopf.Patch, snap
     changed = reason != last or message != status.get("message")
     if new_phase != phase or (new_phase == PENDING and changed and (last, reason) != ("Created", "Starting")):
         events.set_phase(ctx.api, body, patch, new_phase, reason, message, meta.get("generation"), dict(status))
+        if new_phase in FINAL and sharing is not None and sharing.mode == POOL:
+            _release_gpu_share(ctx, body, job, s)
         if obs.summary is not None and new_phase == SUCCEEDED:
             patch.status["conditions"] = improved_condition(patch.status["conditions"], obs.summary,
                                                             meta.get("generation"))
