@@ -52,6 +52,8 @@ class TickPlan:
     # restart count to record as answered on the pool pod.
     roll_servers: dict[str, int] = field(default_factory=dict)
     allocated: dict[GpuId, int] = field(default_factory=dict)  # share per GPU after this tick (metrics)
+    # Every placed live job -> the other jobs on any of its GPUs now (status.coTenants).
+    co_tenants: dict[JobKey, set[JobKey]] = field(default_factory=dict)
 
 
 def _ts(text: str) -> dt.datetime:
@@ -153,4 +155,24 @@ def plan_tick(bodies: Iterable[Mapping[str, Any]], nodes: Iterable[Mapping[str, 
         elif (now - _ts(pod.idle_since)).total_seconds() >= config.pool_idle_s:
             plan.delete_pools.append(pod.name)
     plan.allocated = {g.id: ledger.allocated(g.id) for g in gpus}
+    for key, p in ledger.placements.items():
+        plan.co_tenants[key] = {k for d in p.devices for k in ledger.tenants(d)} - {key}
     return plan
+
+
+def co_tenant_status(previous: Mapping[str, Any] | None, now_tenants: set[JobKey], stamp: str
+                     ) -> dict[str, Any] | None:
+    """``status.coTenants`` after this tick, or None when unchanged: per job that shared a GPU
+    with this one, ``since`` (first seen) and ``until`` (once it left; absent while it is there).
+    Co-tenant kernels disturb measurements: these spans say which of a job's trials were measured
+    beside whom (the shards' progress reports carry the time of each trial)."""
+    prev = {k: dict(v) for k, v in (previous or {}).items()}
+    out = {k: dict(v) for k, v in prev.items()}
+    names = {f"{ns}/{name}" for ns, name in now_tenants}
+    for n in names:
+        if n not in out or out[n].get("until"):
+            out[n] = {"since": out.get(n, {}).get("since") or stamp}
+    for n, span in out.items():
+        if n not in names and not span.get("until"):
+            span["until"] = stamp
+    return out if out != prev else None

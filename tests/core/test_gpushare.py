@@ -125,3 +125,17 @@ def test_device_plugin_jobs_are_told_what_their_thread_percentage_can_do() -> No
     # Not the ledger's: a devicePlugin job is neither placed nor queued.
     plan = plan_tick([job("dp", 1, gs={"mode": "devicePlugin"})], [node("gpu-a")], {}, [], SharingConfig(), NOW)
     assert plan.admit == {} and plan.waiting == {}
+
+
+def test_co_tenant_spans_open_close_and_reopen() -> None:
+    from sharetune.gpushare import co_tenant_status
+
+    a, b = ("ns", "a"), ("ns", "b")
+    s1 = co_tenant_status(None, {a}, "t1")
+    assert s1 == {"ns/a": {"since": "t1"}}
+    assert co_tenant_status(s1, {a}, "t2") is None  # unchanged: no status write
+    s2 = co_tenant_status(s1, {b}, "t3")
+    assert s2 == {"ns/a": {"since": "t1", "until": "t3"}, "ns/b": {"since": "t3"}}
+    s3 = co_tenant_status(s2, {a, b}, "t4")  # a is back: its span reopens from its first sight
+    assert s3 == {"ns/a": {"since": "t1"}, "ns/b": {"since": "t3"}}
+    assert co_tenant_status({}, set(), "t5") is None

@@ -131,6 +131,13 @@ def test_shares_are_admitted_queued_released_and_survive_an_operator_kill(two_gp
         assert sum({"j1": 60, "j2": 60, "j3": 60, "j4": 30}[j] for j, n in after.items() if n == node) <= 100
     assert _status(k8s, waiting).get("queuePosition") is None
     assert _events(core, waiting, "GpuShareAdmitted")
+    # Jobs on one GPU say so, with since when (co-tenants disturb measurements).
+    mates = [j for j, n in after.items() if n == after[waiting]]
+    assert len(mates) == 2
+    for j in mates:
+        other = next(m for m in mates if m != j)
+        wait_for(f"{j} names {other} as co-tenant", lambda j=j, other=other: f"{NS}/{other}" in (
+            _status(k8s, j).get("coTenants") or {}), timeout_s=30)
 
     # A pool daemon dies for good: replaced, and the servers attached to it rolled.
     node = after[waiting]

@@ -28,7 +28,7 @@ from kubernetes import client
 from ..admission import GPU_COUNT_RESOURCE, GpuId, JobKey
 from ..api.spec import API_GROUP, API_VERSION, PLURAL
 from ..api.topology import GPU_INDEX_LABEL, POOL_LABEL, POOL_NODE_ANNOTATION
-from ..gpushare import WAITING, PoolPod, TickPlan, plan_tick, pool_job
+from ..gpushare import WAITING, PoolPod, TickPlan, co_tenant_status, plan_tick, pool_job
 from ..planner import plan_pool
 from . import events, kube, metrics
 from .context import Context
@@ -124,6 +124,14 @@ def tick(ctx: Context, items: list[dict[str, Any]]) -> TickResult:
         _say_waiting(ctx, by_key[key], WAITING, message, position)
     for key, why in decided.never.items():
         _say_waiting(ctx, by_key[key], UNPLACEABLE, f"no GPU of this cluster can take this job: {why}", None)
+    stamp = now()
+    for key, tenants in decided.co_tenants.items():
+        body = by_key.get(key)
+        if body is None:
+            continue
+        spans = co_tenant_status((body.get("status") or {}).get("coTenants"), tenants, stamp)
+        if spans is not None:
+            _patch_status(ctx, key, {"coTenants": spans})
     _apply_pools(ctx, decided)
     for gpu, share in decided.allocated.items():
         metrics.GPU_SHARE.labels(gpu.node, str(gpu.index)).set(share)
