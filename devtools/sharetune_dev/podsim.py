@@ -220,7 +220,8 @@ class ProcessKubelet:
                "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "HOSTNAME": name, **self.extra_env,
                **{k: _rewrite_path(v, override) for k, v in pod_env.items()},
                "KUBECONFIG": str(self._kubeconfig(pod, work))}
-        tracker_svc = f"{pod.metadata.labels['sharetune.io/job']}-tracker"
+        # A GPU pool's daemon belongs to no job (mode pool: the operator's, shared by the jobs on its GPU).
+        tracker_svc = f"{pod.metadata.labels.get('sharetune.io/job', '')}-tracker"
         if "--tracker" in args:
             args[args.index("--tracker") + 1] = f"127.0.0.1:{self._tracker_port(tracker_svc)}"
         extra = ["--metrics-port", "-1"]
@@ -230,7 +231,7 @@ class ProcessKubelet:
             port = free_port()
             extra += ["--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 20),
                       "--advertise-addr", "127.0.0.1"]
-        elif component == "mps-daemon":
+        elif component in ("mps-daemon", "gpu-pool"):
             wrapper = work / "nvidia-cuda-mps-control"
             wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE_MPS_CONTROL} \"$@\"\n")
             wrapper.chmod(0o755)

@@ -27,7 +27,8 @@ from sharetune_dev.podsim import ProcessKubelet
 
 GROUP, VERSION, PLURAL = "sharetune.io", "v1alpha1", "tuningjobs"
 FAULTS = ("operator_killed", "client_killed", "server_killed", "tracker_killed", "mps_daemon_killed",
-          "apiserver_restarted", "etcd_restarted", "s3_down_60s")
+          "pool_daemon_killed", "apiserver_restarted", "etcd_restarted", "s3_down_60s")
+POOL_JOBS = ("ft", "fu")  # pool_daemon_killed: two jobs on one GPU pool
 TOTAL_TRIALS = 16
 
 
@@ -108,13 +109,13 @@ def _try(fn: Callable[[], Any]) -> Any:
         return None
 
 
-def measured_records(sim: ProcessKubelet) -> Counter[Any]:
-    """Every record any client pod has in its database right now (what was measured)."""
+def measured_records(sim: ProcessKubelet, job: str | None = None) -> Counter[Any]:
+    """Every record any client pod (of ``job``) has in its database right now (what was measured)."""
     from sharetune_tuner.records import record_keys
 
     keys: Counter[Any] = Counter()
     for p in sim.history:
-        if p.component == "client":
+        if p.component == "client" and (job is None or p.pod.startswith(f"{job}-clients-")):
             keys |= record_keys(p.work / "emptydir" / "work" / "shard")  # | : a restored copy is not a new trial
     return keys
 
@@ -164,6 +165,8 @@ def children_report(k8s: Any, ns: str, job: str) -> list[str]:
 
 def run_fault(env: FaultEnv, fault: str, timeout_s: float = 900.0) -> FaultRow:
     assert fault in FAULTS, fault
+    if fault == "pool_daemon_killed":
+        return run_pool_fault(env, timeout_s)
     k8s, core = env.k8s, client.CoreV1Api(env.k8s)
     ns = f"f-{fault.replace('_', '-')[:20]}-{uuid.uuid4().hex[:5]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
@@ -240,6 +243,79 @@ def run_fault(env: FaultEnv, fault: str, timeout_s: float = 900.0) -> FaultRow:
         if not op.alive():
             row.notes += " operator process not alive at the end"
         return row
+    finally:
+        sim.stop()
+        op.stop()
+        _try(lambda: core.delete_namespace(ns))
+
+
+def run_pool_fault(env: FaultEnv, timeout_s: float = 900.0) -> FaultRow:
+    """Two jobs on one GPU pool (mode pool, docs/gpu-pools.md), its MPS daemon killed while both
+    tune: the pool restarts in place (its restartCount tells the operator), the servers of both
+    jobs are rolled against it, and both jobs Succeed with every record measured before the fault
+    (GPU mocked as for mps_daemon_killed: cuda jobs run on the CPU, a stand-in MPS control binary)."""
+    k8s, core = env.k8s, client.CoreV1Api(env.k8s)
+    ns = f"f-pool-daemon-{uuid.uuid4().hex[:5]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    work = env.tmp / ns
+    work.mkdir(parents=True)
+    op = OperatorProcess(env.cluster.kubeconfig, ns, work / "operator.log",
+                         env={"SHARETUNE_GPU_SHARING_MODE": "pool", "SHARETUNE_GPU_POOL_NAMESPACE": ns})
+    sim = ProcessKubelet(k8s, ns, env.cluster.server, env.cluster.pki.ca.cert, workdir=work / "pods", cpu_for_gpu=True)
+    t_start = time.monotonic()
+    op.start()
+    sim.start()
+    crs = client.CustomObjectsApi(k8s)
+    try:
+        for name in POOL_JOBS:
+            body = job_body(name, "mps_daemon_killed", None)
+            body["spec"].pop("mps", None)
+            body["spec"]["gpuSharing"] = {"share": 50}
+            body["spec"]["servers"] = {"replicas": 2, "threadPercentage": 25}
+            crs.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+        _wait(env, "both jobs tuning", lambda: all((_try(lambda n=n: _job(k8s, ns, n)) or {}).get("status", {})
+                                                   .get("trialsCompleted", 0) >= 4 for n in POOL_JOBS), 420)
+        placed = {n: _job(k8s, ns, n)["status"]["gpuPlacement"]["node"] for n in POOL_JOBS}
+        assert len(set(placed.values())) == 1, placed  # 50 + 50: both on the one GPU, one pool
+        before = {n: measured_records(sim, n) for n in POOL_JOBS}
+        done_at_fault = {n: _job(k8s, ns, n)["status"]["trialsCompleted"] for n in POOL_JOBS}
+        t_fault = time.monotonic()
+        env.log(f"[pool_daemon_killed] injecting with {sum(sum(b.values()) for b in before.values())} records")
+        sim.kill("gpu-pool", 0)
+
+        def moving() -> bool:
+            sts = [(_try(lambda n=n: _job(k8s, ns, n)) or {}).get("status", {}) for n in POOL_JOBS]
+            return all(st.get("trialsCompleted", 0) > done_at_fault[n] or st.get("phase") in ("Merging", "Succeeded")
+                       for n, st in zip(POOL_JOBS, sts))
+        _wait(env, "both jobs progress after the fault", moving, timeout_s)
+        recovery_s = time.monotonic() - t_fault
+        apps = client.AppsV1Api(k8s)
+        rolled = [n for n in POOL_JOBS if "sharetune.io/restartedAt" in (
+            apps.read_namespaced_deployment(f"{n}-servers", ns).spec.template.metadata.annotations or {})]
+        finals = {n: _wait(env, f"{n} Succeeded or Failed", lambda n=n: (s := _job(k8s, ns, n)["status"]).get("phase")
+                           in ("Succeeded", "Failed") and s, timeout_s) for n in POOL_JOBS}
+        lost = in_result = 0
+        dups: list[str] = []
+        for n in POOL_JOBS:
+            keys = _result_keys(env, ns, n, False, work / n)
+            lost += sum((before[n] - keys).values())
+            in_result += sum(keys.values())
+            dups += children_report(k8s, ns, n)
+        pools = [p.metadata.name for p in core.list_namespaced_pod(
+            ns, label_selector="app.kubernetes.io/component=gpu-pool").items if p.metadata.deletion_timestamp is None]
+        if len(pools) > 1:
+            dups.append(f"GPU pool pods: {pools}")
+        ok = all(f["phase"] == "Succeeded" for f in finals.values())
+        reasons = {n: next((c.get("reason", "") for c in f.get("conditions", []) if c.get("type") == "Ready"), "")
+                   for n, f in finals.items()}
+        return FaultRow(fault="pool_daemon_killed", job_succeeded=ok, records_lost=lost,
+                        trials_redone=max(0, _measured_total(sim) - in_result), recovery_s=round(recovery_s, 1),
+                        records_before_fault=sum(sum(b.values()) for b in before.values()),
+                        records_in_result=in_result, duplicated_children=dups,
+                        phase="/".join(f["phase"] for f in finals.values()), reason="/".join(reasons.values()),
+                        wall_s=round(time.monotonic() - t_start, 1),
+                        notes=f"two jobs on one pool; servers rolled: {rolled}; GPU mocked: cuda jobs run on CPU, "
+                              "stand-in MPS control binary")
     finally:
         sim.stop()
         op.stop()

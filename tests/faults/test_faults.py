@@ -56,5 +56,7 @@ def test_job_survives_fault_without_losing_records(fault_env: FaultEnv, fault: s
     assert row.records_in_result >= 16, row  # the whole budget is in the result
     assert row.duplicated_children == [], row
     assert row.secret_leaks == [], row.secret_leaks
+    if fault == "pool_daemon_killed":  # both jobs' servers were rolled against the restarted pool
+        assert "servers rolled: ['ft', 'fu']" in row.notes, row
     if fault == "mps_daemon_killed":
         assert "mpsRecoveries=" in row.notes
