@@ -1,0 +1,210 @@
+"""Issue 16's benchmark: three different jobs on one GPU through one pool vs one after another.
+
+Three jobs (ResNet-18, MobileNet-V2, ResNet-50 by default), each with the headline cells' budget
+(96 trials, 16 per task, 16 candidates per round) and the same spec in both arms: a share of
+``--share`` (33) % of the GPU, ``--servers`` (3) servers at share/servers % each, as many clients.
+
+    python3 bench/h200/multi_job.py tune --arm solo --job resnet18       # one job alone (the stock way:
+    python3 bench/h200/multi_job.py tune --arm solo --job mobilenet_v2   #   it owns the GPU), one device
+    python3 bench/h200/multi_job.py tune --arm solo --job resnet50       #   command each
+    python3 bench/h200/multi_job.py tune --arm pool                      # the three at once, one MPS daemon
+    python3 bench/h200/multi_job.py evaluate    # every job's best records compiled, measured alone, whole GPU
+    python3 bench/h200/multi_job.py summarize   # no GPU: h200-multi-job.json
+
+``tune`` runs ``sharetune run ... --local`` (the product's local mode: one job, or several through
+local_pool.py), samples CPU and GPU utilisation (common.Sampler), appends the arm to
+``h200-multi-job-arms.jsonl`` in $OUT and keeps each job's result folder under the run root.
+``evaluate`` measures in one process, after tuning, so no arm's latency is disturbed by another
+job's kernels (the pool arm's own merges measured beside the other jobs). Arms of one comparison
+run back to back on one machine (``machine`` is recorded). Smoke test on a CPU machine:
+``--jobs tiny_cnn,tiny_cnn --target llvm``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import Sampler, append_cell, export_results, load_cells, log, tuner_env  # noqa: E402
+
+ARMS = "h200-multi-job-arms.jsonl"
+EVAL = "h200-multi-job-eval.jsonl"
+ROOT = Path(os.environ.get("BENCH_ROOT", "/tmp/sharetune-bench")) / "multi-job"
+INPUT_SHAPES = {"tiny_cnn": [1, 3, 64, 64]}
+
+
+def machine() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def job_names(a: argparse.Namespace) -> list[str]:
+    models = a.jobs.split(",")
+    return [f"{m.replace('_', '-')}-{i}" if models.count(m) > 1 else m.replace("_", "-") for i, m in enumerate(models)]
+
+
+def write_specs(a: argparse.Namespace, where: Path) -> list[Path]:
+    """One TuningJob YAML per job; the same spec in both arms (only concurrency differs)."""
+    where.mkdir(parents=True, exist_ok=True)
+    pct = a.share // a.servers
+    paths = []
+    for name, model in zip(job_names(a), a.jobs.split(",")):
+        spec: dict[str, Any] = {
+            "model": {"name": model, **({"inputShape": INPUT_SHAPES[model]} if model in INPUT_SHAPES else {})},
+            "target": a.target, "trials": {"total": a.trials, "perTask": a.per_task, "perIteration": a.per_iter},
+            "servers": {"replicas": a.servers}, "clients": {"shards": a.servers}, "costModel": "xgb", "seed": a.seed}
+        if a.target == "cuda":
+            spec["servers"]["threadPercentage"] = pct
+            spec["gpuSharing"] = {"share": a.share}
+        p = where / f"{name}.yaml"
+        p.write_text(yaml.safe_dump({"apiVersion": "sharetune.io/v1alpha1", "kind": "TuningJob",
+                                     "metadata": {"name": name}, "spec": spec}))
+        paths.append(p)
+    return paths
+
+
+def tune(a: argparse.Namespace) -> int:
+    arm_id = f"mj-{a.arm}-{a.job or 'all'}-s{a.seed}-{a.round}"
+    if arm_id in load_cells(ARMS):
+        log(f"{arm_id}: already done")
+        return 0
+    run_dir = ROOT / arm_id
+    specs = write_specs(a, run_dir / "jobs")
+    names = job_names(a)
+    if a.arm == "solo":
+        pick = [i for i, n in enumerate(names) if n == a.job]
+        if not pick:
+            raise SystemExit(f"--job {a.job}: not one of {names}")
+        specs, names = [specs[pick[0]]], [names[pick[0]]]
+    out_json = run_dir / "summary.json"
+    argv = [sys.executable, "-m", "sharetune.cli", "run", *map(str, specs), "--local", "--json", str(out_json),
+            "--workdir", str(run_dir / ("runs" if a.arm == "pool" else f"runs/{names[0]}"))]
+    sampler = Sampler(period_s=0.5).start()
+    t0 = time.time()
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=a.timeout_s, env=tuner_env())
+    t1 = time.time()
+    sampler.stop()
+    (run_dir / "run.log").write_text(r.stdout + r.stderr)
+    if r.returncode != 0:
+        log(f"{arm_id}: sharetune run failed ({r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
+        return 1
+    summary = json.loads(out_json.read_text())
+    jobs = summary["jobs"] if "jobs" in summary else [{**summary, "job": names[0], "wall_s": round(t1 - t0, 1)}]
+    dirs = {n: str(run_dir / "runs" / n) for n in names}
+    cell = {"id": arm_id, "arm": a.arm, "round": a.round, "seed": a.seed, "machine": machine(),
+            "knobs": {"jobs": a.jobs, "share": a.share, "servers": a.servers, "clients": a.servers,
+                      "thread_pct": a.share // a.servers, "trials": a.trials, "per_task": a.per_task,
+                      "per_iter": a.per_iter, "target": a.target},
+            "wall_s": round(t1 - t0, 1), "records": sum(j.get("records", 0) for j in jobs),
+            "jobs": [{k: j.get(k) for k in ("job", "state", "records", "wall_s", "trials_per_s", "latency_untuned_ms",
+                                             "latency_tuned_ms", "speedup", "co_tenants", "gpu", "share")}
+                     for j in jobs],
+            "result_dirs": dirs, **sampler.summary(t0, t1)}
+    cell["trials_per_s"] = round(cell["records"] / cell["wall_s"], 3)
+    append_cell(ARMS, cell)
+    export_results()
+    log(f"{arm_id}: {cell['records']} trials in {cell['wall_s']} s, CPU {cell['cpu_util_mean']}%, "
+        f"GPU {cell['gpu_util_mean']}%")
+    return 0
+
+
+def evaluate(a: argparse.Namespace) -> int:
+    """Every job's merged best records of every arm, compiled, then measured in one process on the
+    whole GPU with nothing else running (evaluate.py's measurement)."""
+    from evaluate import compile_model, measure_models, prepare_untuned
+
+    arms = [c for c in load_cells(ARMS).values() if c["round"] == a.round and c["seed"] == a.seed]
+    models: dict[str, list[tuple[str, str]]] = {}  # model -> (arm/job, .so)
+    for c in arms:
+        for j, model in zip(job_names(argparse.Namespace(jobs=c["knobs"]["jobs"])), c["knobs"]["jobs"].split(",")):
+            d = c["result_dirs"].get(j)
+            if d is None:
+                continue
+            so = Path(d) / "eval" / "model.so"
+            if not so.exists():
+                compile_model([Path(d) / "result" / "records"], model, c["knobs"]["target"], so.parent)
+            models.setdefault(model, []).append((f"{c['id']}/{j}", str(so)))
+    out: dict[str, Any] = {"id": f"mj-eval-s{a.seed}-{a.round}", "round": a.round, "seed": a.seed,
+                           "machine": machine(), "models": {}}
+    for model, runs in models.items():
+        untuned = ROOT / f"untuned-{model}.so"
+        if not untuned.exists():
+            prepare_untuned(model, a.target, untuned)
+        measured = measure_models([str(untuned), *[so for _, so in runs]], model, a.target, a.repeat)
+        out["models"][model] = {"untuned": measured[str(untuned)], **{k: measured[so] for k, so in runs}}
+    append_cell(EVAL, out)
+    export_results()
+    return 0
+
+
+def summarize(a: argparse.Namespace) -> int:
+    arms = {c["id"]: c for c in load_cells(ARMS).values() if c["round"] == a.round and c["seed"] == a.seed}
+    ev = load_cells(EVAL).get(f"mj-eval-s{a.seed}-{a.round}")
+    pool = next((c for c in arms.values() if c["arm"] == "pool"), None)
+    solos = [c for c in arms.values() if c["arm"] == "solo"]
+    if pool is None or not solos:
+        raise SystemExit(f"round {a.round}: need the pool arm and the solo arms; have {sorted(arms)}")
+    sequential_s = sum(c["wall_s"] for c in solos)
+    res: dict[str, Any] = {
+        "round": a.round, "seed": a.seed, "same_machine": len({c["machine"] for c in arms.values()}) == 1,
+        "makespan_s": {"concurrent": pool["wall_s"], "sequential": round(sequential_s, 1)},
+        "makespan_ratio": round(pool["wall_s"] / sequential_s, 3),
+        "trials_per_s": {"concurrent": pool["trials_per_s"],
+                         "sequential": round(sum(c["records"] for c in solos) / sequential_s, 3)},
+        "cpu_util_mean": {"concurrent": pool["cpu_util_mean"],
+                          "sequential": [c["cpu_util_mean"] for c in solos]},
+        "gpu_util_mean": {"concurrent": pool["gpu_util_mean"],
+                          "sequential": [c["gpu_util_mean"] for c in solos]},
+        "jobs": {}}
+    for j in pool["jobs"]:
+        solo = next((c for c in solos if c["jobs"][0]["job"] == j["job"]), None)
+        row: dict[str, Any] = {"co_tenants": j.get("co_tenants"), "trials": j.get("records"),
+                               "solo_trials": solo["jobs"][0].get("records") if solo else None}
+        if ev is not None and solo is not None:
+            model = next(m for m, runs in ev["models"].items() if f"{pool['id']}/{j['job']}" in runs)
+            conc = ev["models"][model][f"{pool['id']}/{j['job']}"].get("median_ms")
+            alone = ev["models"][model][f"{solo['id']}/{j['job']}"].get("median_ms")
+            untuned = ev["models"][model]["untuned"].get("median_ms")
+            row.update(latency_ms=conc, solo_latency_ms=alone, untuned_ms=untuned,
+                       latency_ratio_vs_solo=round(conc / alone, 3) if conc and alone else None)
+        res["jobs"][j["job"]] = row
+    path = Path(a.out)
+    path.write_text(json.dumps(res, indent=2) + "\n")
+    print(json.dumps(res, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("stage", choices=("tune", "evaluate", "summarize"))
+    ap.add_argument("--arm", choices=("solo", "pool"), default="pool")
+    ap.add_argument("--job", default=None, help="solo arm: which job (its name: the model, - for _)")
+    ap.add_argument("--jobs", default="resnet18,mobilenet_v2,resnet50")
+    ap.add_argument("--target", default="cuda")
+    ap.add_argument("--share", type=int, default=33)
+    ap.add_argument("--servers", type=int, default=3)
+    ap.add_argument("--trials", type=int, default=96)
+    ap.add_argument("--per-task", type=int, default=16)
+    ap.add_argument("--per-iter", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--round", default="m1")
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--timeout-s", type=float, default=560)
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "h200-multi-job.json"))
+    a = ap.parse_args(argv)
+    return {"tune": tune, "evaluate": evaluate, "summarize": summarize}[a.stage](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
