@@ -164,8 +164,8 @@ def co_tenant_status(previous: Mapping[str, Any] | None, now_tenants: set[JobKey
                      ) -> dict[str, Any] | None:
     """``status.coTenants`` after this tick, or None when unchanged: per job that shared a GPU
     with this one, ``since`` (first seen) and ``until`` (once it left; absent while it is there).
-    Co-tenant kernels disturb measurements: these spans say which of a job's trials were measured
-    beside whom (the shards' progress reports carry the time of each trial)."""
+    Co-tenant kernels disturb measurements: these spans say which stretch of a job's tuning ran
+    beside whom."""
     prev = {k: dict(v) for k, v in (previous or {}).items()}
     out = {k: dict(v) for k, v in prev.items()}
     names = {f"{ns}/{name}" for ns, name in now_tenants}
