@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -74,6 +75,20 @@ def write_specs(a: argparse.Namespace, where: Path) -> list[Path]:
     return paths
 
 
+def shard_windows(job_dir: Path) -> dict[str, Any]:
+    """The job's shards' measurement-window counts (their progress reports): candidates measured
+    alone or beside other jobs, per other job, and how long measurements waited for a merge."""
+    out: dict[str, Any] = {"measured_alone": 0, "measured_beside_others": 0, "co_tenants": {}, "window_wait_s": 0.0}
+    for p in sorted(job_dir.glob("shards/*/progress.json")):
+        prog = json.loads(p.read_text())
+        out["measured_alone"] += prog.get("measured_alone", 0)
+        out["measured_beside_others"] += prog.get("measured_beside_others", 0)
+        out["window_wait_s"] = round(out["window_wait_s"] + prog.get("window_wait_s", 0.0), 3)
+        for k, n in (prog.get("co_tenants") or {}).items():
+            out["co_tenants"][k] = out["co_tenants"].get(k, 0) + n
+    return out
+
+
 def tune(a: argparse.Namespace) -> int:
     arm_id = f"mj-{a.arm}-{a.job or 'all'}-s{a.seed}-{a.round}"
     if arm_id in load_cells(ARMS):
@@ -107,8 +122,14 @@ def tune(a: argparse.Namespace) -> int:
                       "thread_pct": a.share // a.servers, "trials": a.trials, "per_task": a.per_task,
                       "per_iter": a.per_iter, "target": a.target},
             "wall_s": round(t1 - t0, 1), "records": sum(j.get("records", 0) for j in jobs),
-            "jobs": [{k: j.get(k) for k in ("job", "state", "records", "wall_s", "trials_per_s", "latency_untuned_ms",
-                                             "latency_tuned_ms", "speedup", "co_tenants", "gpu", "share")}
+            "jobs": [{**{k: j.get(k) for k in ("job", "state", "records", "wall_s", "trials_per_s", "latency_untuned_ms",
+                                                "latency_tuned_ms", "speedup", "co_tenants", "gpu", "share",
+                                                "measurement")},
+                      # per task: best latency as measured while tuning (beside co-tenants in the pool
+                      # arm) and the same record re-measured by the merge alone (exclusive window)
+                      "tasks": [{k: t.get(k) for k in ("name", "trials", "best_latency_us", "tuned_us")}
+                                for t in j.get("tasks") or []],
+                      "windows": shard_windows(run_dir / "runs" / j["job"])}
                      for j in jobs],
             "result_dirs": dirs, **sampler.summary(t0, t1)}
     cell["trials_per_s"] = round(cell["records"] / cell["wall_s"], 3)
@@ -178,11 +199,28 @@ def summarize(a: argparse.Namespace) -> int:
             untuned = ev["models"][model]["untuned"].get("median_ms")
             row.update(latency_ms=conc, solo_latency_ms=alone, untuned_ms=untuned,
                        latency_ratio_vs_solo=round(conc / alone, 3) if conc and alone else None)
+        row["windows"] = j.get("windows")
+        row["merge_measurement"] = j.get("measurement")
+        # How co-tenancy moved measured latencies: per task, the best latency measured while tuning
+        # over the same record re-measured alone by the merge; pool arm over solo arm (the solo
+        # ratio holds what differs between the two measurements other than co-tenants).
+        shift = {arm: tuning_vs_alone(c["jobs"][0] if arm == "solo" else j)
+                 for arm, c in (("pool", pool), ("solo", solo)) if c is not None}
+        row["tuning_vs_alone"] = shift
+        if shift.get("pool") and shift.get("solo"):
+            row["co_tenancy_shift"] = round(shift["pool"] / shift["solo"], 3)
         res["jobs"][j["job"]] = row
     path = Path(a.out)
     path.write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res, indent=2))
     return 0
+
+
+def tuning_vs_alone(job: dict[str, Any]) -> float | None:
+    """Geometric mean over tasks of (best latency measured while tuning) / (re-measured alone)."""
+    r = [t["best_latency_us"] / t["tuned_us"] for t in job.get("tasks") or []
+         if t.get("best_latency_us") and t.get("tuned_us")]
+    return round(math.exp(sum(map(math.log, r)) / len(r)), 3) if r else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,7 +41,7 @@ from .api.topology import (GPU_INDEX_LABEL, JOB_MANIFEST, METRICS_PORT, MODEL_DI
 from .api.topology import result_location as _result_location
 from .api.topology import store_uri as _store_uri
 from .api.topology import BUILD_AUTHKEY_FILE_ENV, BUILD_KEY_DIR, BUILD_KEY_FILE, BUILD_PORT
-from .api.topology import POOL_LABEL, POOL_NODE_ANNOTATION, pool_host_dir, pool_pod_name
+from .api.topology import POOL_LABEL, POOL_NODE_ANNOTATION, TENANT_ENV, pool_host_dir, pool_pod_name
 from .admission import GpuId
 from .sharing import DEVICE_PLUGIN, EXCLUSIVE, POOL, Sharing
 
@@ -317,8 +317,8 @@ def _mps_limits_env(thread_percentage: int | None, pinned: str | None) -> list[d
     return env
 
 
-def _pool_client_parts(spec: TuningJobSpec, dev: GpuId) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]],
-                                                                dict[str, Any]]:
+def _pool_client_parts(job: JobRef, spec: TuningJobSpec, dev: GpuId
+                       ) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
     """What a pod of a pool-mode job needs to be an MPS client of GPU ``dev``'s pool: (volume,
     mount, env, pod fields). Pinned to the GPU's node by name: the ledger chose the node, so the
     job's own affinity is not applied (its nodeSelector was what the ledger matched)."""
@@ -326,7 +326,9 @@ def _pool_client_parts(spec: TuningJobSpec, dev: GpuId) -> tuple[dict[str, Any],
     env = [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/mps/pipe"},
            {"name": "CUDA_MPS_LOG_DIRECTORY", "value": "/mps/log"},
            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
-           {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}]
+           {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
+           # The job on the GPU's tenant list: co-tenants of other jobs' measurements (measure_window.py).
+           {"name": TENANT_ENV, "value": f"{job.namespace}/{job.name}"}]
     node_selector = {**dict(spec.raw.get("nodeSelector") or {}), "kubernetes.io/hostname": dev.node}
     return vol, {"name": "mps", "mountPath": "/mps"}, env, {"hostIPC": True, "nodeSelector": node_selector}
 
@@ -342,7 +344,7 @@ def _servers(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None,
     pool_label: dict[str, str] = {}
     if mode == POOL:
         dev = _device(sharing, g)
-        vol, mount, pool_env, extra = _pool_client_parts(spec, dev)
+        vol, mount, pool_env, extra = _pool_client_parts(job, spec, dev)
         volumes, mounts = [vol], [mount]
         env += pool_env + _mps_limits_env(spec.servers.thread_percentage, spec.servers.pinned_memory_limit)
         pool_label = {POOL_LABEL: pool_pod_name(dev.node, dev.index)}  # the pool's recovery rolls them
@@ -495,7 +497,7 @@ def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, sha
     resources: dict[str, Any] | None = None
     mode = _mode(spec, sharing)
     if mode == POOL:  # under the first GPU's pool, inside the job's share
-        vol_, mount_, pool_env, extra = _pool_client_parts(spec, _device(sharing, None))
+        vol_, mount_, pool_env, extra = _pool_client_parts(job, spec, _device(sharing, None))
         volumes.append(vol_)
         mounts.append(mount_)
         env += pool_env + _mps_limits_env(spec.sharing.share, spec.sharing.pinned_memory)

@@ -21,6 +21,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from . import metrics
+from .measure_window import MeasureLog
 from .write_ahead import RecordLines, StoreAhead, tuning_records
 
 if TYPE_CHECKING:  # client.py imports this module
@@ -53,16 +54,31 @@ class PhaseExport:
                 self.exported[name] = float(secs)
 
 
+def count_windows(progress: Progress, entries: list[dict[str, Any]]) -> None:
+    """The runner's window notes (measure_window.note) into the shard's progress report."""
+    for e in entries:
+        others = e.get("with") or []
+        for job in others:
+            progress.co_tenants[job] = progress.co_tenants.get(job, 0) + 1
+        if others:
+            progress.measured_beside_others += 1
+        else:
+            progress.measured_alone += 1
+        progress.unfenced += 0 if e.get("fenced", True) else 1
+        progress.window_wait_s = round(progress.window_wait_s + float(e.get("waited_s") or 0.0), 3)
+
+
 @derived_object
 class ProgressCallback(ms.measure_callback.PyMeasureCallback):
     """After each batch of ``task``: its trials, errors and best latency into ``progress``
     (written to ``path``) and /metrics, then ``cfg.on_round`` (the sync uploads the progress)."""
 
     def __init__(self, cfg: ClientConfig, progress: Progress, task: TaskProgress, path: Path,
-                 phases: PhaseExport | None = None) -> None:
+                 phases: PhaseExport | None = None, windows: MeasureLog | None = None) -> None:
         super().__init__()
         self.cfg, self.progress, self.task, self.path = cfg, progress, task, path
         self.phases = phases or PhaseExport(cfg.job, cfg.shard)
+        self.windows = windows
 
     def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any,
               builder_results: Any, runner_results: Any) -> None:
@@ -86,6 +102,8 @@ class ProgressCallback(ms.measure_callback.PyMeasureCallback):
             task.done += 1
             progress.done += 1
         metrics.SHARD_DONE.labels(cfg.job, shard).set(progress.done)
+        if self.windows is not None:
+            count_windows(progress, self.windows.read_new())
         progress.startup.setdefault(
             "first_records_s", round(time.time() - (cfg.process_started_at or progress.started_at), 2))
         prof = ms.Profiler.current()

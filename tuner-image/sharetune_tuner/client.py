@@ -22,7 +22,7 @@ from typing import Any
 
 from sharetune.api.topology import PROGRESS_FILE
 
-from . import metrics, records
+from . import measure_window, metrics, records
 from .builder import PooledBuilder
 from .callbacks import CommitBatch, CostModelUpdate, PhaseExport, ProgressCallback, StoreBatch, WriteAhead
 from .cpus import default_builder_workers
@@ -34,6 +34,7 @@ from .write_ahead import RecordLines, StoreAhead
 
 log = logging.getLogger("sharetune.client")
 PROGRESS = PROGRESS_FILE
+MEASURE_LOG = "measure-windows.jsonl"  # one line per measurement: co-tenants, window wait
 
 
 @dataclass
@@ -105,6 +106,14 @@ class Progress:
     tasks_total: int | None = None
     tasks_to_tune: int | None = None
     phases: dict[str, float] = field(default_factory=dict)  # MetaSchedule profiler totals, seconds
+    # Measurement fidelity on a shared GPU (measure_window.py): per other job, how many of this
+    # shard's candidates were measured while it was on the GPU; candidates measured with no other
+    # job there; measurements that waited past a merge's exclusive window (unfenced) and the wait.
+    co_tenants: dict[str, int] = field(default_factory=dict)
+    measured_alone: int = 0
+    measured_beside_others: int = 0
+    window_wait_s: float = 0.0
+    unfenced: int = 0
     # Where the start-up went, seconds (process start to run_client, extraction, tensor
     # intrinsics, tracker wait, first round's records): start-up is fixed cost on every shard.
     startup: dict[str, Any] = field(default_factory=dict)
@@ -310,6 +319,10 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
                                 export_shared_lib=cfg.session_runner)
     else:
         builder = PooledBuilder(max_workers=cores, timeout_sec=60.0, export_shared_lib=cfg.session_runner)
+    # The runner workers (processes started from here, inheriting the environment) note each
+    # measurement's co-tenants there; ProgressCallback counts them into the progress report.
+    os.environ[measure_window.LOG_ENV] = str(cfg.work_dir / MEASURE_LOG)
+    windows_log = measure_window.MeasureLog(cfg.work_dir / MEASURE_LOG)
     rpc_config = ms.runner.RPCConfig(tracker_host=cfg.tracker_host, tracker_port=cfg.tracker_port,
                                      tracker_key=cfg.tracker_key, session_timeout_sec=cfg.session_timeout_s)
     evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20)
@@ -319,7 +332,8 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
         runner = SessionRPCRunner(rpc_config, evaluator, max_workers=cfg.servers,
                                   candidate_timeout_sec=cfg.session_timeout_s)
     else:
-        runner = ms.runner.RPCRunner(rpc_config=rpc_config, evaluator_config=evaluator, max_workers=cfg.servers)
+        runner = ms.runner.RPCRunner(rpc_config=rpc_config, evaluator_config=evaluator, max_workers=cfg.servers,
+                                     f_run_evaluator=measure_window.windowed_run_evaluator)
     database = ms.database.JSONDatabase(work_dir=str(cfg.work_dir))
     # One cost model for the whole shard: it keeps learning across this shard's tasks.
     cost_model = ms.CostModel.create(cfg.cost_model, num_tuning_cores=cores)
@@ -345,7 +359,7 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
             else:
                 callbacks = [ms.measure_callback.AddToDatabase(), ms.measure_callback.RemoveBuildArtifact(),
                              cost_model_update]
-            callbacks.append(ProgressCallback(cfg, progress, tp, progress_path, phases))
+            callbacks.append(ProgressCallback(cfg, progress, tp, progress_path, phases, windows_log))
             ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=str(cfg.work_dir / "logs"),
                           max_trials_global=remaining, max_trials_per_task=remaining,
                           num_trials_per_iter=min(cfg.trials_per_iter, remaining),

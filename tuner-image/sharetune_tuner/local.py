@@ -23,7 +23,7 @@ from sharetune.api import commands
 from sharetune.api.exitcodes import PERMANENT, ExitCode
 from sharetune.api.gpuenv import NO_MULTICAST
 from sharetune.api.spec import TuningJobSpec
-from sharetune.api.topology import PROGRESS_FILE, SUMMARY_FILE, gpu_groups, in_group
+from sharetune.api.topology import PROGRESS_FILE, SUMMARY_FILE, TENANT_ENV, gpu_groups, in_group
 from sharetune.procs import ProcessGroup, free_port
 
 from .build_protocol import ARTIFACT_DIR_ENV, AUTHKEY_ENV
@@ -87,7 +87,8 @@ class LocalRun:
     # ---- processes ---------------------------------------------------------------------------
     def _base_env(self) -> dict[str, str]:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **NO_MULTICAST, AUTHKEY_ENV: self.build_authkey,
-               ARTIFACT_DIR_ENV: str(self.scratch / "artifacts"), **self.model_env}
+               ARTIFACT_DIR_ENV: str(self.scratch / "artifacts"), **self.model_env,
+               TENANT_ENV: self.spec.name}  # this job on a shared GPU's tenant list (measure_window.py)
         if self.spec.uses_mps:  # the first GPU's daemon: the merge measures there
             env.update(self.mps_env(self.gpu_groups()[0]))
         return env

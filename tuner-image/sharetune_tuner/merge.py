@@ -17,8 +17,10 @@ Output directory:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +33,7 @@ from sharetune.api.topology import SUMMARY_FILE
 
 from . import records
 from .errors import TunerError
+from .measure_window import TENANT_ENV, AloneMeasurements
 from .model import LoadedModel, load_for_spec, model_errors
 from .partition import budgets, useful_minimum
 from .targets import device_for, make_target
@@ -98,12 +101,6 @@ def model_timer(executable: Any, model: LoadedModel, x: np.ndarray, dev: Any,
     return lambda: float(ev(*args).mean)
 
 
-def latency_s(executable: Any, model: LoadedModel, x: np.ndarray, dev: Any,
-              min_repeat_ms: int = 200, repeat: int = 5) -> float:
-    """Median of ``repeat`` timed rounds, each at least ``min_repeat_ms`` long."""
-    return compare([model_timer(executable, model, x, dev, min_repeat_ms)], repeat)[0]
-
-
 def default_schedule(mod: Any, target: Any) -> Any:
     """A task's IRModule with the schedule ``compile_relax`` gives it when no record matches:
     DLight's default rules on GPU targets; nothing on CPUs (the PrimFunc is lowered as it is)."""
@@ -151,10 +148,13 @@ def kernel_timer(mod: Any, target: Any, dev: Any, min_repeat_ms: int = 40) -> Ca
     return lambda: float(ev(*args).mean)
 
 
-def judge_tasks(candidates: list[Any], target: Any, dev: Any) -> dict[str, dict[str, Any]]:
+def judge_tasks(candidates: list[Any], target: Any, dev: Any,
+                alone: AloneMeasurements | None = None) -> dict[str, dict[str, Any]]:
     """Per workload (structural hash) of each candidate record: ``default_us``, ``tuned_us`` and
-    the ``winner``, both measured here the same way. A record that does not build or run here
-    loses; a default that does not build on its own (the model's build is the judge then) loses."""
+    the ``winner``, both measured here the same way (on a shared GPU inside an exclusive window:
+    ``alone``). A record that does not build or run here loses; a default that does not build on
+    its own (the model's build is the judge then) loses."""
+    window = alone.window if alone is not None else contextlib.nullcontext
     import tvm_ffi
 
     from .intrinsics import ensure_registered
@@ -173,11 +173,14 @@ def judge_tasks(candidates: list[Any], target: Any, dev: Any) -> dict[str, dict[
                 log.warning("task %s: the %s schedule does not build or run here: %s", h, what, e)
         v: dict[str, Any] = {"default_us": None, "tuned_us": None, "winner": DEFAULT, "record": rec}
         if len(timers) == 2:
-            d_s, t_s = compare([timers["default"], timers["tuned"]])
+            with window():
+                d_s, t_s = compare([timers["default"], timers["tuned"]])
             v.update(default_us=round(d_s * 1e6, 3), tuned_us=round(t_s * 1e6, 3),
                      winner=TUNED if faster(t_s, d_s) else DEFAULT)
         elif "tuned" in timers:
-            v.update(tuned_us=round(compare([timers["tuned"]])[0] * 1e6, 3), winner=TUNED)
+            with window():
+                t_s = compare([timers["tuned"]])[0]
+            v.update(tuned_us=round(t_s * 1e6, 3), winner=TUNED)
         out[h] = v
     return out
 
@@ -225,8 +228,10 @@ def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> 
     x = model.sample_input(seed=spec.seed)
 
     # Per task: the best record against TVM's default schedule; best/ keeps the winners only.
+    # On a shared GPU every measurement below runs alone: co-tenants hold theirs back meanwhile.
+    alone = AloneMeasurements(os.environ.get(TENANT_ENV) or spec.name)
     verdicts = judge_tasks(ms.database.JSONDatabase(work_dir=str(out / "best")).get_all_tuning_records(),
-                           target, dev)
+                           target, dev, alone)
     kept = [v["record"] for v in verdicts.values() if v["winner"] == TUNED]
     write_db(out / "best", kept)
 
@@ -239,9 +244,13 @@ def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> 
         ok, err = outputs_match(ref, run_once(tuned, model, x, dev))
         if not ok:
             raise TunerError(f"the tuned model's output differs from the untuned one (relative error {err:.2e})")
-        lat_untuned, lat_tuned = compare([model_timer(untuned, model, x, dev), model_timer(tuned, model, x, dev)])
+        timers = [model_timer(untuned, model, x, dev), model_timer(tuned, model, x, dev)]
+        with alone.window():
+            lat_untuned, lat_tuned = compare(timers)
     else:
-        lat_untuned = latency_s(untuned, model, x, dev)
+        timer = model_timer(untuned, model, x, dev)
+        with alone.window():
+            lat_untuned = compare([timer])[0]
     improved = deliver(len(kept), lat_untuned, lat_tuned)
     if not improved:
         write_db(out / "best", [])  # the result is the untuned model: nothing to apply
@@ -282,10 +291,15 @@ def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> 
         "tasks_default_won": [t["name"] for t in tasks if t["winner"] == DEFAULT],
         "merge_s": round(time.monotonic() - t0, 2),
     }
-    from .serving import report as serving_report  # the delivered model at each MPS serving share
+    from .serving import measure_one, report as serving_report  # the delivered model at each MPS serving share
+
+    def measure_alone(lib: Path, inputs: Path, pct: int) -> dict[str, Any]:
+        with alone.window():
+            return measure_one(lib, inputs, pct)
 
     summary.update(serving_report(spec.target, spec.uses_mps, delivered, [x, *[p.numpy() for p in model.params]],
-                                  out / "serving"))
+                                  out / "serving", measure=measure_alone))
+    summary["measurement"] = alone.summary()
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
     log.info("merged %d records; %d of %d tuned tasks beat their defaults; untuned %.3f ms, tuned records %s ms: "
              "delivered the %s model (%.2fx)", summary["records"], len(kept), len(verdicts),

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import metrics
+from . import measure_window, metrics
 from .errors import MpsError
 
 log = logging.getLogger("sharetune.mps")
@@ -97,6 +97,7 @@ class MpsDaemon:
         binary = self.preflight()
         self.pipe_dir.mkdir(parents=True, exist_ok=True)
         (self.pipe_dir / READY).unlink(missing_ok=True)
+        measure_window.prepare(self.pipe_dir)  # before READY: servers find their windows at start
         self.log_dir.mkdir(parents=True, exist_ok=True)
         out = open(self.log_dir / "sharetune-mps-control.out", "ab")
         self.proc = subprocess.Popen([binary, "-f"], env=self.env, stdout=out, stderr=subprocess.STDOUT,

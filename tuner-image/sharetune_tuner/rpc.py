@@ -8,6 +8,7 @@ losing the tracker.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -15,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import metrics
+from . import measure_window, metrics
 
 log = logging.getLogger("sharetune.rpc")
 
@@ -112,6 +113,9 @@ class TuningServer:
     def __init__(self, cfg: ServerConfig) -> None:
         self.cfg = cfg
         self.server: Any = None
+        # The GPU's measurement windows (measure_window.py): present when the MPS daemon made them.
+        self.windows = measure_window.Windows.of()
+        self.tenant = os.environ.get(measure_window.TENANT_ENV) or cfg.key
         self.registered = False
         self.restarts = 0
         self.gpu = GpuSampler(cfg.name)
@@ -119,9 +123,12 @@ class TuningServer:
     def _start(self) -> None:
         from tvm.rpc.server import Server
 
+        init = None if self.windows is None else \
+            functools.partial(measure_window.serve_remote, str(self.windows.dir), self.tenant)
         self.server = Server(host=self.cfg.host, port=self.cfg.port, port_end=self.cfg.port_end,
                              tracker_addr=(self.cfg.tracker_host, self.cfg.tracker_port),
-                             key=self.cfg.key, custom_addr=self.cfg.custom_addr, silent=True)
+                             key=self.cfg.key, custom_addr=self.cfg.custom_addr, silent=True,
+                             server_init_callback=init)
         log.info("server %s listening on port %d, key %s", self.cfg.name, self.server.port, self.cfg.key)
 
     def _stop_tvm(self) -> None:
@@ -147,6 +154,8 @@ class TuningServer:
 
     def serve(self, stop: threading.Event, poll_s: float = 2.0) -> int:
         apply_mps_limits(self.cfg)
+        if self.windows is not None:  # on the GPU's tenant list while this process lives
+            self.windows.join(self.tenant)
         self._start()
         lost_since: float | None = None
         try:

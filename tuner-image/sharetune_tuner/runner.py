@@ -27,14 +27,17 @@ from tvm.s_tir.meta_schedule.runner.rpc_runner import RPCRunnerFuture
 from tvm.s_tir.meta_schedule.runner.utils import run_evaluator_common
 from tvm.support.popen_pool import PopenPoolExecutor
 
+from . import measure_window
+
 # Per runner-worker process state (each pool worker is its own process).
-_SESSION: dict[str, Any] = {"sess": None, "dev": None, "args": {}, "opened": 0}
+_SESSION: dict[str, Any] = {"sess": None, "dev": None, "args": {}, "opened": 0, "window": None}
 _COUNTER = itertools.count()
 
 
 def _drop_session() -> None:
     _SESSION["args"] = {}
     _SESSION["dev"] = None
+    _SESSION["window"] = None
     _SESSION["sess"] = None  # the last reference: the connection closes, the server ends the session
 
 
@@ -48,6 +51,7 @@ def _session(rpc_config: RPCConfig, device_type: str) -> tuple[Any, Any]:
         sess = tracker.request(rpc_config.tracker_key, priority=rpc_config.session_priority,
                                session_timeout=0)
         _SESSION["sess"], _SESSION["dev"] = sess, sess.device(device_type, 0)
+        _SESSION["window"] = measure_window.remote_functions(sess)  # the GPU's windows (pools)
         _SESSION["opened"] += 1
     return _SESSION["sess"], _SESSION["dev"]
 
@@ -75,7 +79,9 @@ def _measure(rpc_config: RPCConfig, evaluator_config: EvaluatorConfig, alloc_rep
     try:
         sess.upload(artifact_path, remote)
         mod = sess.load_module(remote)
-        costs = run_evaluator_common(mod, dev, evaluator_config, _args(sess, dev, args_info, alloc_repeat))
+        args = _args(sess, dev, args_info, alloc_repeat)
+        costs = measure_window.run_in_window(_SESSION["window"],
+                                             lambda: run_evaluator_common(mod, dev, evaluator_config, args))
         del mod
         sess.remove(remote)
         return costs

@@ -33,6 +33,9 @@ BUILD_AUTHKEY_FILE_ENV = "SHARETUNE_BUILD_AUTHKEY_FILE"  # tells the tuner where
 WORKLOADS_FILE = "database_workload.json"  # MetaSchedule JSONDatabase: one line per workload
 RECORDS_FILE = "database_tuning_record.json"  # one line per trial
 PROGRESS_FILE = "progress.json"  # the client's progress; the operator reads it into the status
+# The job as a shared GPU's tenant list names it ("<namespace>/<name>"; the name in local mode):
+# set on a pool job's servers and merge, read by the tuner's measurement windows.
+TENANT_ENV = "SHARETUNE_TENANT"
 CLIENT_LOG = "client.log"  # the client's own log, stored with its records (pod logs outlive the pod)
 SUMMARY_FILE = "summary.json"  # the merge's result summary
 
