@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-task", type=int, default=16)
     ap.add_argument("--per-iter", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--round", default="m1")
+    ap.add_argument("--round", default="m2")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--timeout-s", type=float, default=560)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "h200-multi-job.json"))

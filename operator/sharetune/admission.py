@@ -33,6 +33,12 @@ GPU_COUNT_RESOURCE = "nvidia.com/gpu"
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB per GPU (NVIDIA GPU feature discovery)
 
 
+MPS_MAX_CLIENTS = 48
+# A pool job's CUDA processes on each of its GPUs: one RPC session per server, and the merge
+# with the child process its serving report measures in.
+MERGE_CLIENTS = 2
+
+
 @dataclass(frozen=True, order=True)
 class GpuId:
     node: str
@@ -59,6 +65,7 @@ class Request:
     memory_mib: int = 0
     gpus: int = 1
     node_selector: tuple[tuple[str, str], ...] = ()
+    mps_clients: int = 0  # CUDA processes the job runs on each GPU's MPS server at once
 
     @property
     def order(self) -> tuple[str, str, str]:
@@ -70,6 +77,7 @@ class Placement:
     devices: tuple[GpuId, ...]  # one per GPU group of the job, in group order
     share: int
     memory_mib: int = 0
+    mps_clients: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,9 @@ class Policy:
     overcommit: float = 1.0  # shares on a GPU may sum to 100 x this
     backfill: bool = False
     cross_namespace: bool = False
+    # One MPS server serves at most 48 client processes (Volta and later; measured on the H200:
+    # the 49th got cudaErrorDevicesUnavailable, and so did every session and merge after it).
+    mps_clients: int = MPS_MAX_CLIENTS
 
     @property
     def capacity(self) -> int:
@@ -107,6 +118,7 @@ class Ledger:
         self._placed: dict[JobKey, Placement] = {}
         self._share: dict[GpuId, int] = {}
         self._memory: dict[GpuId, int] = {}
+        self._clients: dict[GpuId, int] = {}
         self._tenants: dict[GpuId, set[JobKey]] = {}
 
     @classmethod
@@ -134,6 +146,9 @@ class Ledger:
     def memory_booked(self, gpu: GpuId) -> int:
         return self._memory.get(gpu, 0)
 
+    def mps_clients(self, gpu: GpuId) -> int:
+        return self._clients.get(gpu, 0)
+
     def tenants(self, gpu: GpuId) -> frozenset[JobKey]:
         return frozenset(self._tenants.get(gpu, ()))
 
@@ -151,6 +166,7 @@ class Ledger:
         for d in p.devices:
             self._share[d] = self._share.get(d, 0) + p.share
             self._memory[d] = self._memory.get(d, 0) + p.memory_mib
+            self._clients[d] = self._clients.get(d, 0) + p.mps_clients
             self._tenants.setdefault(d, set()).add(key)
 
     def release(self, key: JobKey) -> Placement | None:
@@ -159,6 +175,7 @@ class Ledger:
         for d in p.devices if p else ():
             self._share[d] -= p.share  # type: ignore[union-attr]
             self._memory[d] -= p.memory_mib  # type: ignore[union-attr]
+            self._clients[d] -= p.mps_clients  # type: ignore[union-attr]
             self._tenants[d].discard(key)
         return p
 
@@ -172,6 +189,9 @@ class Ledger:
         """Why ``r`` could not be placed even on idle GPUs; None when it could."""
         if r.share > self.policy.capacity:
             return f"a share of {r.share}% is more than a GPU holds ({self.policy.capacity}%)"
+        if r.mps_clients > self.policy.mps_clients:
+            return (f"{r.mps_clients} CUDA processes on one GPU (servers.replicas + {MERGE_CLIENTS} for the merge) "
+                    f"is more than an MPS server takes ({self.policy.mps_clients}): lower servers.replicas")
         eligible = [g for g in self.gpus.values() if self._eligible(r, g)]
         if len(eligible) >= r.gpus:
             return None
@@ -187,6 +207,8 @@ class Ledger:
             return False
         if g.memory_mib is not None and self.memory_booked(g.id) + r.memory_mib > g.memory_mib:
             return False
+        if self.mps_clients(g.id) + r.mps_clients > self.policy.mps_clients:
+            return False  # small shares: many jobs, each a few MPS clients
         if not self.policy.cross_namespace and any(ns != r.key[0] for ns, _ in self.tenants(g.id)):
             return False
         return self._eligible(r, g)
@@ -198,7 +220,7 @@ class Ledger:
                       key=lambda g: (self.allocated(g.id), self.memory_booked(g.id), g.id))
         if len(room) < r.gpus:
             return None
-        return Placement(tuple(g.id for g in room[:r.gpus]), r.share, r.memory_mib)
+        return Placement(tuple(g.id for g in room[:r.gpus]), r.share, r.memory_mib, r.mps_clients)
 
     def admit(self, waiting: Iterable[Request]) -> Admission:
         """Places waiting jobs first come first served and books them; jobs already placed are
@@ -228,6 +250,7 @@ def request_of(namespace: str, name: str, created: str, spec: TuningJobSpec) -> 
     on the nodes its spec.nodeSelector matches."""
     return Request(key=(namespace, name), created=created, share=spec.sharing.share,
                    memory_mib=spec.sharing.pinned_memory_mib, gpus=spec.gpu_count,
+                   mps_clients=spec.servers.replicas + MERGE_CLIENTS,
                    node_selector=tuple(sorted((str(k), str(v)) for k, v in
                                               (spec.raw.get("nodeSelector") or {}).items())))
 
@@ -237,7 +260,7 @@ def placement_status(p: Placement, pinned_memory: str | None, admitted_at: str) 
     first = p.devices[0]
     return {"mode": "pool", "node": first.node, "gpu": first.index, "share": p.share,
             "pinnedMemory": pinned_memory or "", "devices": [{"node": d.node, "gpu": d.index} for d in p.devices],
-            "admittedAt": admitted_at}
+            "mpsClients": p.mps_clients, "admittedAt": admitted_at}
 
 
 def placement_of(status: Mapping[str, Any] | None) -> Placement | None:
@@ -255,7 +278,11 @@ def placement_of(status: Mapping[str, Any] | None) -> Placement | None:
         mib = quantity_mib(mem) if mem else 0
     except ValueError:
         mib = 0
-    return Placement(ids, int(gp["share"]), mib)
+    try:  # placements written before MPS clients were booked count none
+        clients = int(gp.get("mpsClients") or 0)
+    except (TypeError, ValueError):
+        clients = 0
+    return Placement(ids, int(gp["share"]), mib, clients)
 
 
 def gpus_of_node(name: str, allocatable: Mapping[str, Any], labels: Mapping[str, str], held_elsewhere: int = 0,

@@ -18,8 +18,8 @@ A0, A1, B0 = GpuId("a", 0), GpuId("a", 1), GpuId("b", 0)
 
 
 def req(name: str, share: int, t: int, ns: str = "ns", memory: int = 0, gpus: int = 1,
-        selector: tuple[tuple[str, str], ...] = ()) -> Request:
-    return Request((ns, name), f"2026-12-04T00:00:{t:02d}Z", share, memory, gpus, selector)
+        selector: tuple[tuple[str, str], ...] = (), clients: int = 0) -> Request:
+    return Request((ns, name), f"2026-12-04T00:00:{t:02d}Z", share, memory, gpus, selector, clients)
 
 
 def test_spread_puts_each_job_on_the_least_allocated_gpu() -> None:
@@ -100,8 +100,21 @@ def test_multi_gpu_jobs_get_distinct_gpus_and_release_frees_them() -> None:
     assert ledger.admit([req("x", 10, 1)]).placed == {}  # already placed: skipped
 
 
+def test_an_mps_server_never_gets_more_than_48_clients() -> None:
+    """Small shares let many jobs on a GPU, but its one MPS server takes 48 processes: past
+    that every new session and merge fails (measured on the H200), so jobs wait instead."""
+    ledger = Ledger([Gpu(GpuId("n", 0))])
+    out = ledger.admit([req(f"j{i}", 5, i, clients=6) for i in range(10)])  # 50 % of SMs, 60 clients
+    assert len(out.placed) == 8 and out.queue == [("ns", "j8"), ("ns", "j9")]
+    assert ledger.mps_clients(GpuId("n", 0)) == 48 and ledger.allocated(GpuId("n", 0)) == 40
+    ledger.release(("ns", "j0"))
+    assert list(ledger.admit([req("j8", 5, 8, clients=6), req("j9", 5, 9, clients=6)]).placed) == [("ns", "j8")]
+    never = Ledger([Gpu(GpuId("n", 0))]).admit([req("big", 10, 1, clients=49)])
+    assert "servers.replicas" in never.unplaceable[("ns", "big")] and "48" in never.unplaceable[("ns", "big")]
+
+
 def test_status_round_trip_and_requests_from_specs() -> None:
-    p = Placement((GpuId("gpu-a", 1), GpuId("gpu-b", 0)), 40, 8192)
+    p = Placement((GpuId("gpu-a", 1), GpuId("gpu-b", 0)), 40, 8192, 4)
     st_ = placement_status(p, "8G", "2026-12-04T00:00:00Z")
     assert st_["node"] == "gpu-a" and st_["gpu"] == 1 and st_["share"] == 40 and st_["mode"] == "pool"
     assert placement_of({"gpuPlacement": st_}) == p
@@ -112,6 +125,7 @@ def test_status_round_trip_and_requests_from_specs() -> None:
                          "gpuSharing": {"share": 40, "pinnedMemory": "8G", "gpus": 2}})
     r = request_of("ns", "j", "2026-12-04T00:00:00Z", s)
     assert (r.share, r.memory_mib, r.gpus, r.node_selector) == (40, 8192, 2, (("gpu", "h200"),))
+    assert r.mps_clients == s.servers.replicas + 2  # a session per server, the merge and its serving child
 
 
 def test_gpus_of_a_node() -> None:
@@ -163,6 +177,7 @@ def check(world: World, ledger: Ledger) -> None:
         assert sum(world.status[k].share for k in tenants) <= cap, (g.id, tenants)
         if g.memory_mib is not None:
             assert sum(world.status[k].memory_mib for k in tenants) <= g.memory_mib
+        assert sum(world.status[k].mps_clients for k in tenants) <= world.policy.mps_clients
         if not world.policy.cross_namespace:
             assert len({k[0] for k in tenants}) <= 1, tenants
     assert len(world.admitted) == len(set(world.admitted)), "a job placed twice"
@@ -203,7 +218,7 @@ def test_random_streams_keep_the_rules(gpus, overcommit, backfill, cross_ns, str
             _, ns, share, mem, n, sel = op
             world.clock += 1
             r = Request((ns, f"j{world.clock}"), f"2026-12-04T00:{world.clock // 60:02d}:{world.clock % 60:02d}Z",
-                        share, mem, n, sel)
+                        share, mem, n, sel, 3 + (share * 7) % 20)  # MPS clients: a few jobs fill a server
             world.waiting[r.key] = r
         elif op[0] in ("finish", "delete") and world.status:
             key = sorted(world.status)[op[1] % len(world.status)]

@@ -53,7 +53,8 @@ def test_a_tick_admits_queues_and_keeps_one_pool_per_gpu_in_use() -> None:
     plan = plan_tick(bodies, [node("gpu-a"), node("gpu-b")], {}, pools, SharingConfig(pool_idle_s=300), NOW)
     assert list(plan.admit) == [("ns", "b")]  # spread: the idle GPU
     assert plan.admit[("ns", "b")] == {"mode": "pool", "node": "gpu-b", "gpu": 0, "share": 60, "pinnedMemory": "",
-                                       "devices": [{"node": "gpu-b", "gpu": 0}], "admittedAt": "2026-12-04T03:00:00Z"}
+                                       "devices": [{"node": "gpu-b", "gpu": 0}], "mpsClients": 4,
+                                       "admittedAt": "2026-12-04T03:00:00Z"}
     # c (60 %) fits nowhere now; d (50 %) would fit on gpu-a but waits behind c: first come first served.
     assert plan.waiting[("ns", "c")][0] == 1 and plan.waiting[("ns", "d")][0] == 2
     assert plan.waiting[("ns", "c")][1].startswith("waiting for a GPU share of 60%: position 1 of 2 in the queue")

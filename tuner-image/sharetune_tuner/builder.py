@@ -35,7 +35,11 @@ def build_without_intrinsics(mod: Any, target: Any, _params: Any) -> Any:
     if target.kind.name == "cuda":
         nvrtc.install()  # once per worker: its PCH then serves every later build (nvrtc.py)
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    return tvm_build(mod, target=target)
+    # Inside the target's scope: TVM's NVRTC callback reads the arch from Target.current() and,
+    # without one, asks GPU 0 (tvm.cuda(0).exist), which makes every builder worker a CUDA
+    # client: under a GPU pool, three jobs' workers took all 48 MPS client slots on the H200.
+    with target:
+        return tvm_build(mod, target=target)
 
 
 def export_shared(mod: Any) -> str:

@@ -93,6 +93,15 @@ class LocalRun:
             env.update(self.mps_env(self.gpu_groups()[0]))
         return env
 
+    def cpu_env(self) -> dict[str, str]:
+        """Clients and the build service: CPU work only (search, NVRTC; the target's arch comes
+        from NVML). Kept out of MPS: every process that touches CUDA under a daemon is an MPS
+        client, and one GPU's MPS server takes at most 48 (measured on the H200: three jobs'
+        builder workers filled it, and every later session and merge got
+        cudaErrorDevicesUnavailable). The builder no longer touches CUDA (builder.py); should
+        something else, it gets a plain context instead of an MPS slot."""
+        return {k: v for k, v in self._base_env().items() if not k.startswith("CUDA_MPS_")}
+
     # ---- GPUs: one MPS daemon and servers.replicas servers per GPU ------------------------------
     def gpu_groups(self) -> list[int | None]:
         """GPU indices to spread the servers over; ``None`` = one GPU, plain names and paths."""
@@ -140,7 +149,7 @@ class LocalRun:
         if self.shares_builder():
             # First: its workers start (import tvm) while the daemon and servers come up.
             self.build_socket = self.scratch / "sock"
-            self._spawn("build-service", commands.build_service(str(self.build_socket)))
+            self._spawn("build-service", commands.build_service(str(self.build_socket)), self.cpu_env())
         if self.spec.uses_mps and self.shared_mps is None:
             for g in groups:
                 self._spawn(in_group("mps-daemon", g), commands.mps_daemon(
@@ -173,7 +182,7 @@ class LocalRun:
                                build_service=str(self.build_socket) if self.build_socket else None)
 
     def start_client(self, i: int) -> ProcessGroup:
-        return self._spawn(f"client-{i}", self.client_args(i))
+        return self._spawn(f"client-{i}", self.client_args(i), self.cpu_env())
 
     def stop_all(self) -> None:
         self.stopping = True  # run_clients (maybe in another thread) returns instead of restarting
