@@ -55,9 +55,11 @@ def prepare(pipe_dir: Path) -> None:
     for name in (LOCK, TURNSTILE):
         p = pipe_dir / name
         p.touch(exist_ok=True)
-        os.chmod(p, 0o666)
+        with contextlib.suppress(PermissionError):  # made by another user before: already open to all
+            os.chmod(p, 0o666)
     (pipe_dir / TENANTS).mkdir(exist_ok=True)
-    os.chmod(pipe_dir / TENANTS, 0o1777)  # anyone adds a tenant file, only its owner removes it
+    with contextlib.suppress(PermissionError):
+        os.chmod(pipe_dir / TENANTS, 0o1777)  # anyone adds a tenant file, only its owner removes it
 
 
 def _flock(fd: int, op: int, timeout_s: float) -> bool:
