@@ -284,6 +284,8 @@ def test_pool_mode_servers_join_the_gpu_pool_they_were_placed_on() -> None:
     # The share split between the 2 servers, the memory budget likewise.
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25" and env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/pipe"
+    # On the GPU's tenant list as namespace/name: other jobs' measurements name it (measure_window.py).
+    assert env["SHARETUNE_TENANT"] == f"{JOB.namespace}/{JOB.name}"
     assert srv["spec"]["template"]["metadata"]["labels"][POOL_LABEL] == "pool-gpu-b-gpu1"
     # The pool daemon of that GPU: the operator's namespace, no owner, pinned, one GPU, root only
     # to hand over its host directory, the same pipe directory.
@@ -303,6 +305,7 @@ def test_pool_mode_servers_join_the_gpu_pool_they_were_placed_on() -> None:
     merge = plan_merge(JOB, s, sharing=placed)
     menv = _env(containers(merge)[0])
     assert menv["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50" and menv["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8G"
+    assert menv["SHARETUNE_TENANT"] == env["SHARETUNE_TENANT"]  # not a co-tenant of its own servers
     assert pod_spec(merge)["nodeSelector"]["kubernetes.io/hostname"] == "gpu-b"
 
 
