@@ -105,3 +105,14 @@ def test_a_result_not_faster_than_untuned_says_so() -> None:
     # A summary from a merge before the never-slower rule: its speed-up decides.
     assert result_fields({"records": 4, "speedup": 0.9})["improved"] is False
     assert "recordsSpeedup" not in result_fields({"records": 4, "speedup": 3.2})
+
+
+def test_a_shards_measurement_windows_reach_its_status() -> None:
+    """The client's per-shard window counts (progress.json) become the shard's status entry; a CPU
+    shard (no windows) shows none of the keys."""
+    gpu = ShardView.from_progress(1, json.dumps({
+        "state": "tuning", "done": 12, "budget": 32, "tasks": [],
+        "co_tenants": {"team-b/bert": 9, "team-a/vit": 2}, "measured_alone": 3, "measured_beside_others": 9}))
+    assert gpu.as_status() == {"index": 1, "state": "tuning", "done": 12, "budget": 32, "measuredAlone": 3,
+                               "measuredBesideOthers": 9, "coTenants": {"team-b/bert": 9, "team-a/vit": 2}}
+    assert set(shard(0, "tuning", 1).as_status()) == {"index", "state", "done", "budget", "bestLatencyUs"}

@@ -44,6 +44,11 @@ class ShardView:
     useful_shards: int | None = None
     tasks_total: int | None = None
     tasks_to_tune: int | None = None
+    # Measurement fidelity on a shared GPU (the client's window counts): per other job, candidates
+    # measured while it was on the GPU; candidates measured alone / beside other jobs.
+    co_tenants: dict[str, int] = field(default_factory=dict)
+    measured_alone: int = 0
+    measured_beside_others: int = 0
 
     @classmethod
     def from_progress(cls, index: int, text: str | None) -> "ShardView":
@@ -58,14 +63,21 @@ class ShardView:
         def opt(key: str) -> int | None:
             return None if p.get(key) is None else int(p[key])
 
+        co = p.get("co_tenants") if isinstance(p.get("co_tenants"), dict) else {}
         return cls(index, p.get("state", "starting"), int(p.get("done", 0)), int(p.get("budget", 0)),
                    min(best) if best else None, int(p.get("resumed", 0)), str(p.get("message", "")),
-                   opt("useful_shards"), opt("tasks_total"), opt("tasks_to_tune"))
+                   opt("useful_shards"), opt("tasks_total"), opt("tasks_to_tune"),
+                   {str(k): int(v) for k, v in co.items()}, int(p.get("measured_alone", 0)),
+                   int(p.get("measured_beside_others", 0)))
 
     def as_status(self) -> dict[str, Any]:
         d: dict[str, Any] = {"index": self.index, "state": self.state, "done": self.done, "budget": self.budget}
         if self.best_s is not None:
             d["bestLatencyUs"] = round(self.best_s * 1e6, 3)
+        if self.measured_alone or self.measured_beside_others:  # GPU windows (pool and MPS modes)
+            d.update(measuredAlone=self.measured_alone, measuredBesideOthers=self.measured_beside_others)
+        if self.co_tenants:
+            d["coTenants"] = dict(self.co_tenants)
         return d
 
 
