@@ -23,6 +23,7 @@ run back to back on one machine (``machine`` is recorded). Smoke test on a CPU m
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import math
 import os
@@ -129,7 +130,8 @@ def tune(a: argparse.Namespace) -> int:
                       # arm) and the same record re-measured by the merge alone (exclusive window)
                       "tasks": [{k: t.get(k) for k in ("name", "trials", "best_latency_us", "tuned_us")}
                                 for t in j.get("tasks") or []],
-                      "windows": shard_windows(run_dir / "runs" / j["job"])}
+                      "windows": shard_windows(run_dir / "runs" / j["job"]),
+                      "phases": shard_phases(run_dir / "runs" / j["job"])}
                      for j in jobs],
             "result_dirs": dirs, **sampler.summary(t0, t1)}
     cell["trials_per_s"] = round(cell["records"] / cell["wall_s"], 3)
@@ -140,10 +142,44 @@ def tune(a: argparse.Namespace) -> int:
     return 0
 
 
+def delivered_records(result: Path) -> Path | None:
+    """The records the job delivered (the merge's ``best/``: per task the best record that beat
+    TVM's default; none when the tuned model was not faster), or None for the untuned model.
+    Runs archived before ``best/`` was kept are rebuilt from ``records/`` and the merge's verdicts
+    in ``summary.json`` (the same best record per workload, the tasks the tuned record won)."""
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+
+    from sharetune_tuner import records
+    from sharetune_tuner.merge import TUNED, write_db
+
+    best = result / "best"
+    if not best.is_dir():
+        summary = json.loads((result / "summary.json").read_text())
+        won = {t["workload_hash"] for t in summary.get("tasks", []) if t.get("winner") == TUNED}
+        scratch = result.parent / "eval" / "all-best"
+        records.merge([result / "records"], scratch / "records", scratch / "best")
+        cands = ms.database.JSONDatabase(work_dir=str(scratch / "best")).get_all_tuning_records()
+        kept = [r for r in cands if str(tvm_ffi.structural_hash(r.workload.mod)) in won] if summary["improved"] else []
+        write_db(best, kept)
+    n = len(records.read_lines(best / "database_tuning_record.json"))
+    return best if n else None
+
+
+def compile_with_best(best: Path, model_name: str, target_kind: str, so: Path) -> None:
+    from sharetune_tuner.merge import compile_with
+    from sharetune_tuner.model import load
+    from sharetune_tuner.targets import make_target
+
+    so.parent.mkdir(parents=True, exist_ok=True)
+    compile_with(best, load(name=model_name), make_target(target_kind)).export_library(str(so))
+
+
 def evaluate(a: argparse.Namespace) -> int:
-    """Every job's merged best records of every arm, compiled, then measured in one process on the
-    whole GPU with nothing else running (evaluate.py's measurement)."""
-    from evaluate import compile_model, measure_models, prepare_untuned
+    """Every job's delivered model of every arm (the merge's ``best/`` records applied; the
+    untuned model where the job delivered that), then measured in one process on the whole GPU
+    with nothing else running (evaluate.py's measurement)."""
+    from evaluate import measure_models, prepare_untuned
 
     arms = [c for c in load_cells(ARMS).values() if c["round"] == a.round and c["seed"] == a.seed]
     models: dict[str, list[tuple[str, str]]] = {}  # model -> (arm/job, .so)
@@ -152,33 +188,67 @@ def evaluate(a: argparse.Namespace) -> int:
             d = c["result_dirs"].get(j)
             if d is None:
                 continue
+            best = delivered_records(Path(d) / "result")
+            if best is None:  # the job delivered the untuned model: that is what it serves
+                models.setdefault(model, []).append((f"{c['id']}/{j}", "untuned"))
+                continue
             so = Path(d) / "eval" / "model.so"
             if not so.exists():
-                compile_model([Path(d) / "result" / "records"], model, c["knobs"]["target"], so.parent)
+                compile_with_best(best, model, c["knobs"]["target"], so)
             models.setdefault(model, []).append((f"{c['id']}/{j}", str(so)))
     out: dict[str, Any] = {"id": f"mj-eval-s{a.seed}-{a.round}", "round": a.round, "seed": a.seed,
-                           "machine": machine(), "models": {}}
+                           "machine": machine(), "compiled": "delivered", "models": {}}
     for model, runs in models.items():
         untuned = ROOT / f"untuned-{model}.so"
         if not untuned.exists():
             prepare_untuned(model, a.target, untuned)
-        measured = measure_models([str(untuned), *[so for _, so in runs]], model, a.target, a.repeat)
-        out["models"][model] = {"untuned": measured[str(untuned)], **{k: measured[so] for k, so in runs}}
+        runs = [(k, str(untuned) if so == "untuned" else so) for k, so in runs]
+        measured = measure_models(list(dict.fromkeys([str(untuned), *[so for _, so in runs]])), model, a.target,
+                                  a.repeat)
+        out["models"][model] = {"untuned": measured[str(untuned)],
+                                **{k: {**measured[so], "delivered": "untuned" if so == str(untuned) else "tuned"}
+                                   for k, so in runs}}
     append_cell(EVAL, out)
     export_results()
     return 0
 
 
-def summarize(a: argparse.Namespace) -> int:
-    arms = {c["id"]: c for c in load_cells(ARMS).values() if c["round"] == a.round and c["seed"] == a.seed}
-    ev = load_cells(EVAL).get(f"mj-eval-s{a.seed}-{a.round}")
+# The CPU-side phases of a shard (TVM's profiler, seconds) that show what limits a pool's gain:
+# building candidates, the cost model's updates, sampling the initial population.
+CPU_PHASES = {"build_s": "SendToBuilder", "cost_model_s": "MeasureCallback/UpdateCostModel",
+              "sample_init_s": "EvoSearch/SampleInitPopulation", "measure_s": "JoinRunnerFutures"}
+
+
+def shard_phases(job_dir: Path) -> dict[str, float] | None:
+    """Mean per shard of CPU_PHASES and of the time to the first records (start-up)."""
+    rows = []
+    for p in sorted(job_dir.glob("shards/*/progress.json")):
+        prog = json.loads(p.read_text())
+        ph = prog.get("phases") or {}
+        if isinstance(ph, str):  # older progress reports kept the profile as a repr
+            ph = ast.literal_eval(ph)
+        rows.append({**{k: ph.get(v, 0.0) for k, v in CPU_PHASES.items()},
+                     "first_records_s": (prog.get("startup") or {}).get("first_records_s") or 0.0,
+                     "shard_s": prog.get("updated_at", 0.0) - prog.get("started_at", 0.0)})
+    if not rows:
+        return None
+    return {k: round(sum(r[k] for r in rows) / len(rows), 1) for k in rows[0]}
+
+
+def geomean(xs: list[float]) -> float:
+    return round(math.exp(sum(map(math.log, xs)) / len(xs)), 3)
+
+
+def summarize_seed(arms: dict[str, dict[str, Any]], ev: dict[str, Any] | None) -> dict[str, Any]:
+    """One run of the comparison (one seed): the pool arm against its solo arms."""
     pool = next((c for c in arms.values() if c["arm"] == "pool"), None)
     solos = [c for c in arms.values() if c["arm"] == "solo"]
     if pool is None or not solos:
-        raise SystemExit(f"round {a.round}: need the pool arm and the solo arms; have {sorted(arms)}")
+        raise SystemExit(f"need the pool arm and the solo arms; have {sorted(arms)}")
     sequential_s = sum(c["wall_s"] for c in solos)
     res: dict[str, Any] = {
-        "round": a.round, "seed": a.seed, "same_machine": len({c["machine"] for c in arms.values()}) == 1,
+        "seed": pool["seed"], "same_machine": len({c["machine"] for c in arms.values()}) == 1,
+        "evaluated": ev is not None,
         "makespan_s": {"concurrent": pool["wall_s"], "sequential": round(sequential_s, 1)},
         "makespan_ratio": round(pool["wall_s"] / sequential_s, 3),
         "trials_per_s": {"concurrent": pool["trials_per_s"],
@@ -191,7 +261,12 @@ def summarize(a: argparse.Namespace) -> int:
     for j in pool["jobs"]:
         solo = next((c for c in solos if c["jobs"][0]["job"] == j["job"]), None)
         row: dict[str, Any] = {"co_tenants": j.get("co_tenants"), "trials": j.get("records"),
-                               "solo_trials": solo["jobs"][0].get("records") if solo else None}
+                               "solo_trials": solo["jobs"][0].get("records") if solo else None,
+                               "wall_s": j.get("wall_s"), "solo_wall_s": solo["wall_s"] if solo else None}
+        if solo is not None and j.get("speedup") and solo["jobs"][0].get("speedup"):
+            # The merges' own measurement (alone, each against the untuned model it measured in
+            # the same process): delivered latency pool / solo, each over its own untuned.
+            row["merge_latency_ratio_vs_solo"] = round(solo["jobs"][0]["speedup"] / j["speedup"], 3)
         if ev is not None and solo is not None:
             model = next(m for m, runs in ev["models"].items() if f"{pool['id']}/{j['job']}" in runs)
             conc = ev["models"][model][f"{pool['id']}/{j['job']}"].get("median_ms")
@@ -209,10 +284,53 @@ def summarize(a: argparse.Namespace) -> int:
         row["tuning_vs_alone"] = shift
         if shift.get("pool") and shift.get("solo"):
             row["co_tenancy_shift"] = round(shift["pool"] / shift["solo"], 3)
+        # what the shards spent their CPU time on, pool vs solo (mean per shard)
+        row["cpu_phases_per_shard"] = {
+            arm: c_j.get("phases") or shard_phases(ROOT / c["id"] / "runs" / c_j["job"])
+            for arm, c, c_j in (("pool", pool, j), ("solo", solo, solo["jobs"][0] if solo else None)) if c_j}
         res["jobs"][j["job"]] = row
+    return res
+
+
+def summarize(a: argparse.Namespace) -> int:
+    """Every seed of the round: per-seed results under ``runs``; at the top the geometric means
+    over seeds with the worst run beside them (latency only over evaluated seeds)."""
+    cells = [c for c in load_cells(ARMS).values() if c["round"] == a.round]
+    evals = load_cells(EVAL)
+    seeds = sorted({c["seed"] for c in cells if c["arm"] == "pool"})
+    # Evaluations from before evaluate compiled the delivered model (they applied every task's
+    # best raw record, including the tasks whose default won) do not count as the jobs' latency.
+    delivered = {k: v for k, v in evals.items() if v.get("compiled") == "delivered"}
+    runs = [summarize_seed({c["id"]: c for c in cells if c["seed"] == s}, delivered.get(f"mj-eval-s{s}-{a.round}"))
+            for s in seeds]
+    if not runs:
+        raise SystemExit(f"round {a.round}: no pool arm recorded")
+    ms = [r["makespan_ratio"] for r in runs]
+    tput = [r["trials_per_s"]["concurrent"] / r["trials_per_s"]["sequential"] for r in runs]
+    res: dict[str, Any] = {
+        "round": a.round, "seeds": seeds, "same_machine": all(r["same_machine"] for r in runs),
+        "makespan_ratio": geomean(ms), "makespan_ratio_worst": max(ms),
+        "trials_per_s_ratio": geomean(tput), "trials_per_s_ratio_worst": round(min(tput), 3),
+        "jobs": {}, "not_run": [f"evaluate seed {r['seed']} (end-to-end latencies)" for r in runs if not r["evaluated"]],
+        "runs": runs}
+    for job in runs[0]["jobs"]:
+        lat = [r["jobs"][job]["latency_ratio_vs_solo"] for r in runs if r["jobs"][job].get("latency_ratio_vs_solo")]
+        shift = [r["jobs"][job]["co_tenancy_shift"] for r in runs if r["jobs"][job].get("co_tenancy_shift")]
+        merge_lat = [r["jobs"][job]["merge_latency_ratio_vs_solo"] for r in runs
+                     if r["jobs"][job].get("merge_latency_ratio_vs_solo")]
+        res["jobs"][job] = {
+            "merge_latency_ratio_vs_solo": geomean(merge_lat) if merge_lat else None,
+            "merge_latency_ratio_vs_solo_worst": max(merge_lat) if merge_lat else None,
+            "latency_ratio_vs_solo": geomean(lat) if lat else None,
+            "latency_ratio_vs_solo_worst": max(lat) if lat else None, "latency_seeds": len(lat),
+            "co_tenancy_shift": geomean(shift) if shift else None,
+            "co_tenancy_shift_range": [min(shift), max(shift)] if shift else None}
+    allshift = [r["jobs"][j]["co_tenancy_shift"] for r in runs for j in r["jobs"] if r["jobs"][j].get("co_tenancy_shift")]
+    if allshift:
+        res["co_tenancy_shift"] = {"geomean": geomean(allshift), "min": min(allshift), "max": max(allshift)}
     path = Path(a.out)
     path.write_text(json.dumps(res, indent=2) + "\n")
-    print(json.dumps(res, indent=2))
+    print(json.dumps({k: v for k, v in res.items() if k != "runs"}, indent=2))
     return 0
 
 

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from sharetune_tuner.local_pool import LocalPool, note_co_tenants, pooled
+from sharetune_tuner.cpus import cost_model_threads
+from sharetune_tuner.local_pool import LocalPool, host_clients, note_co_tenants, pooled
 from sharetune_tuner.local_multi import load
 
 
@@ -78,3 +79,21 @@ def test_two_cpu_jobs_run_side_by_side_to_their_results(tmp_path: Path) -> None:
         assert other in j["co_tenants"]  # they ran at the same time, and each summary says so
         assert (tmp_path / "runs" / name / "result" / "summary.json").exists()
     assert "2 jobs in" in r.stdout and "left" in r.stdout and "right" in r.stdout
+    # Each job's client knew the other job's client shared the host's CPUs (its threads sized by that).
+    for name in ("left", "right"):
+        log = (tmp_path / "runs" / name / "logs" / "client-0.log").read_text()
+        assert f"cost model {cost_model_threads(2)} (2 clients on this host)" in log, log[-2000:]
+
+
+def test_clients_count_every_running_job_on_the_host(tmp_path: Path) -> None:
+    """A local pool's jobs share the host's CPUs: a job starting beside others sizes its clients'
+    threads by all their clients; a job that has finished no longer counts."""
+    jobs = load([_write(tmp_path, n, clients={"shards": k}) for n, k in (("a", 1), ("b", 2), ("c", 3))],
+                tmp_path / "runs")
+    assert host_clients(jobs, jobs) == 6  # started together
+    jobs[0].state = "running"
+    assert host_clients(jobs, [jobs[2]]) == 1 + 3  # b still queued
+    jobs[0].state = "done"
+    assert host_clients(jobs, [jobs[1]]) == 2
+    assert cost_model_threads(6, cpus=16) == 2 and cost_model_threads(1, cpus=16) == 16
+    assert cost_model_threads(64, cpus=16) == 1

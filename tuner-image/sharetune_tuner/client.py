@@ -25,7 +25,7 @@ from sharetune.api.topology import PROGRESS_FILE
 from . import measure_window, metrics, records
 from .builder import PooledBuilder
 from .callbacks import CommitBatch, CostModelUpdate, PhaseExport, ProgressCallback, StoreBatch, WriteAhead
-from .cpus import default_builder_workers
+from .cpus import cost_model_threads, default_builder_workers
 from .errors import TrackerError
 from .intrinsics import ensure_registered
 from .partition import budgets, partition, to_tune, useful_minimum, useful_shards
@@ -53,7 +53,7 @@ class ClientConfig:
     cost_model: str = "xgb"
     seed: int = 0
     builder_workers: int | None = None  # None: cpus.default_builder_workers(clients_on_host)
-    clients_on_host: int = 1  # clients sharing this host's CPUs (local mode: all shards)
+    clients_on_host: int = 1  # clients sharing this host's CPUs (local mode: every job's shards)
     build_service: Path | None = None  # the host's shared builder pool (build_service.py), if any
     population_size: int | None = None  # evolutionary search; None = sized to the batch
     # While the cost model cannot rank candidates yet (cold_search_applies): "replay" samples the
@@ -336,7 +336,9 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
                                      f_run_evaluator=measure_window.windowed_run_evaluator)
     database = ms.database.JSONDatabase(work_dir=str(cfg.work_dir))
     # One cost model for the whole shard: it keeps learning across this shard's tasks.
-    cost_model = ms.CostModel.create(cfg.cost_model, num_tuning_cores=cores)
+    cm_threads = cost_model_threads(cfg.clients_on_host)
+    cost_model = ms.CostModel.create(cfg.cost_model, num_tuning_cores=cm_threads)
+    log.info("threads: search %d, cost model %d (%d clients on this host)", cores, cm_threads, cfg.clients_on_host)
     with ms.Profiler() as prof, ExitStack() as cleanup:
         stage = None
         if cfg.store_ahead is not None:

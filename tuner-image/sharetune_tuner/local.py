@@ -67,6 +67,9 @@ class LocalRun:
     # GPU group -> a local GPU pool's directory (local_pool.py): the MPS daemon there is shared
     # with other jobs and is not this run's to start or stop.
     shared_mps: dict[int | None, Path] | None = None
+    # Clients of every job running on this host now (a local pool's jobs share its CPUs); None:
+    # this job's own shards. Sizes each client's threads to its share of the cores (cpus.py).
+    host_clients: int | None = None
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -178,7 +181,7 @@ class LocalRun:
         session = replicas >= shards
         return commands.client(str(self.job_path), str(self.shard_dir(i)), f"127.0.0.1:{self.tracker_port}", self.key,
                                replicas // shards if session else replicas, shard=i, shards=shards,
-                               clients_on_host=shards, session_runner=session,
+                               clients_on_host=self.host_clients or shards, session_runner=session,
                                build_service=str(self.build_socket) if self.build_socket else None)
 
     def start_client(self, i: int) -> ProcessGroup:

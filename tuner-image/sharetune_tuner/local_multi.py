@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .local_pool import LocalJob, LocalPool, local_gpu_count, note_co_tenants, pooled, start
+from .local_pool import LocalJob, LocalPool, host_clients, local_gpu_count, note_co_tenants, pooled, start
 
 
 def _interrupt(signum: int, _frame: Any) -> None:
@@ -68,16 +68,17 @@ def run_many(paths: list[Path], workdir: Path | None, json_out: Path | None, con
     try:
         with Progress(*cols, console=console, transient=False) as bar:
             rows = {j.spec.name: bar.add_task(f"[bold]{j.spec.name}", total=None, info="queued") for j in jobs}
-            for j in jobs:  # CPU jobs, and cuda jobs on a machine without a GPU, have no share to wait for
-                if not pooled(j.spec) or not gpus:
-                    start(j, pool)
+            # CPU jobs, and cuda jobs on a machine without a GPU, have no share to wait for
+            free = [j for j in jobs if not pooled(j.spec) or not gpus]
+            for j in free:
+                start(j, pool, host_clients(jobs, free))
             said: dict[str, str] = {}
             while any(j.state in ("queued", "running") for j in jobs):
                 waiting = [j for j in jobs if j.state == "queued"]
                 if waiting:
                     admitted, never = pool.admit(waiting)
                     for j in admitted:
-                        start(j, pool)
+                        start(j, pool, host_clients(jobs, admitted))
                     for j in waiting:
                         if j.spec.name in never:
                             j.state, j.error = "failed", f"cannot run on this machine: {never[j.spec.name]}"

@@ -145,6 +145,12 @@ def note_co_tenants(jobs: list[LocalJob], now: float) -> None:
                 span[1] = now
 
 
+def host_clients(jobs: list[LocalJob], starting: list[LocalJob]) -> int:
+    """Clients on this host once ``starting`` runs beside the jobs already running: every local
+    job's clients share the host's CPUs, whatever GPU they tune for."""
+    return sum(j.spec.shards for j in jobs if j.state == "running" or j in starting)
+
+
 def run_job(job: LocalJob, pool: LocalPool) -> None:
     """One job to the end, in its own thread: services, clients, merge."""
     try:
@@ -165,9 +171,11 @@ def run_job(job: LocalJob, pool: LocalPool) -> None:
             pool.release(job)
 
 
-def start(job: LocalJob, pool: LocalPool) -> None:
+def start(job: LocalJob, pool: LocalPool, host_clients: int | None = None) -> None:
+    """``host_clients``: the clients of every job running on the host once this one starts."""
     mps = pool.mps_dirs(job) if job.placement is not None else None
-    job.run = LocalRun(job.spec, job.path.resolve(), job.workdir.resolve(), shared_mps=mps)
+    job.run = LocalRun(job.spec, job.path.resolve(), job.workdir.resolve(), shared_mps=mps,
+                       host_clients=host_clients)
     job.state, job.started = "running", time.time()
     job.thread = threading.Thread(target=run_job, args=(job, pool), name=f"job-{job.spec.name}", daemon=True)
     job.thread.start()
