@@ -175,6 +175,12 @@ def compile_with_best(best: Path, model_name: str, target_kind: str, so: Path) -
     compile_with(best, load(name=model_name), make_target(target_kind)).export_library(str(so))
 
 
+def eval_id(seed: int, round_: str) -> str:
+    # "-delivered": the round m2 evaluation before evaluate compiled the delivered records (every
+    # task's best raw record, id without the suffix) stays in the file, apart.
+    return f"mj-eval-s{seed}-{round_}-delivered"
+
+
 def evaluate(a: argparse.Namespace) -> int:
     """Every job's delivered model of every arm (the merge's ``best/`` records applied; the
     untuned model where the job delivered that), then measured in one process on the whole GPU
@@ -196,7 +202,7 @@ def evaluate(a: argparse.Namespace) -> int:
             if not so.exists():
                 compile_with_best(best, model, c["knobs"]["target"], so)
             models.setdefault(model, []).append((f"{c['id']}/{j}", str(so)))
-    out: dict[str, Any] = {"id": f"mj-eval-s{a.seed}-{a.round}", "round": a.round, "seed": a.seed,
+    out: dict[str, Any] = {"id": eval_id(a.seed, a.round), "round": a.round, "seed": a.seed,
                            "machine": machine(), "compiled": "delivered", "models": {}}
     for model, runs in models.items():
         untuned = ROOT / f"untuned-{model}.so"
@@ -300,8 +306,7 @@ def summarize(a: argparse.Namespace) -> int:
     seeds = sorted({c["seed"] for c in cells if c["arm"] == "pool"})
     # Evaluations from before evaluate compiled the delivered model (they applied every task's
     # best raw record, including the tasks whose default won) do not count as the jobs' latency.
-    delivered = {k: v for k, v in evals.items() if v.get("compiled") == "delivered"}
-    runs = [summarize_seed({c["id"]: c for c in cells if c["seed"] == s}, delivered.get(f"mj-eval-s{s}-{a.round}"))
+    runs = [summarize_seed({c["id"]: c for c in cells if c["seed"] == s}, evals.get(eval_id(s, a.round)))
             for s in seeds]
     if not runs:
         raise SystemExit(f"round {a.round}: no pool arm recorded")

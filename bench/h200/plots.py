@@ -3,8 +3,10 @@
   docs/h200-throughput.png       trials/s and end-to-end latency per configuration
   docs/h200-quality-over-time.png  best-so-far tuned-kernel latency over time; final model latency vs wall time
   docs/h200-quality-heatmap.png  the quality matrix: latency per run x serving share, and the per-P_t slowdowns
+  docs/h200-multi-job.png        issue 16: three jobs through one GPU pool vs one after another
 
   python bench/h200/plots.py     (after summarize.py)
+  python bench/h200/plots.py multi-job   (after multi_job.py summarize; that figure only)
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ def main() -> int:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    if sys.argv[1:] == ["multi-job"]:
+        multi_job(plt)
+        return 0
 
     tuning = json.loads((RESULTS / "h200-tuning.json").read_text())
     qm = json.loads((RESULTS / "h200-quality-matrix.json").read_text())
@@ -144,6 +150,8 @@ def main() -> int:
             "H200 round r3: 96 trials (6 tasks x 16); blue ResNet-18, orange ResNet-50; dashed: goal 5x")
     _rounds(plt, tuning, ["r4/resnet18", "r5/resnet18"], "h200-r4-r5.png",
             "H200 rounds r4 (blue) and r5 (orange, change not kept), ResNet-18, 96 trials; dashed: goal 5x")
+    if (RESULTS / "h200-multi-job.json").exists():
+        multi_job(plt)
     print("wrote", *(DOCS / n for n in ("h200-throughput.png", "h200-quality-over-time.png", "h200-quality-heatmap.png",
                                          "h200-r3.png", "h200-r4-r5.png")))
     return 0
@@ -181,6 +189,59 @@ def _rounds(plt: Any, tuning: dict[str, Any], keys: list[str], file: str, title:
     ax[1].tick_params(axis="x", rotation=20, labelsize=8)
     fig.tight_layout()
     fig.savefig(DOCS / file, dpi=110)
+    plt.close(fig)
+
+
+def multi_job(plt: Any) -> None:
+    """docs/h200-multi-job.png from h200-multi-job.json: makespans per seed; per job its delivered
+    latency pool / solo and the co-tenancy shift; where the shards' CPU time went, pool vs solo."""
+    mj = json.loads((RESULTS / "h200-multi-job.json").read_text())
+    runs = mj["runs"]
+    jobs = list(mj["jobs"])
+    fig, ax = plt.subplots(1, 3, figsize=(16, 4.6))
+    x = range(len(runs))
+    ax[0].bar([i - 0.2 for i in x], [r["makespan_s"]["sequential"] for r in runs], 0.4, label="one after another",
+              color="grey")
+    ax[0].bar([i + 0.2 for i in x], [r["makespan_s"]["concurrent"] for r in runs], 0.4, label="one pool, concurrent",
+              color="tab:blue")
+    for i, r in enumerate(runs):
+        ax[0].text(i + 0.2, r["makespan_s"]["concurrent"], f"{r['makespan_ratio']:.2f}x\nGPU {r['gpu_util_mean']['concurrent']:.0f}%"
+                   f"\nCPU {r['cpu_util_mean']['concurrent']:.0f}%", ha="center", va="bottom", fontsize=8)
+    ax[0].set_xticks(list(x), [f"seed {r['seed']}" for r in runs])
+    ax[0].set_ylabel("makespan of the three jobs, s")
+    ax[0].set_ylim(0, 1.3 * max(r["makespan_s"]["sequential"] for r in runs))
+    ax[0].set_title("ResNet-18 + MobileNet-V2 + ResNet-50, 96 trials each", fontsize=10)
+    ax[0].legend(fontsize=8, loc="upper right")
+    w = 0.8 / max(1, len(runs))
+    for k, r in enumerate(runs):
+        ax[1].bar([i + (k - (len(runs) - 1) / 2) * w for i in range(len(jobs))],
+                  [r["jobs"][j].get("latency_ratio_vs_solo") or r["jobs"][j].get("merge_latency_ratio_vs_solo") or 0
+                   for j in jobs], w * 0.9, label=f"seed {r['seed']}")
+        for i, j in enumerate(jobs):
+            shift = r["jobs"][j].get("co_tenancy_shift")
+            if shift:
+                ax[1].plot(i + (k - (len(runs) - 1) / 2) * w, shift, "kx")
+    ax[1].axhline(1.05, ls="--", color="tab:red", lw=1)
+    ax[1].axhline(1.0, ls=":", color="k", lw=1)
+    ax[1].set_xticks(range(len(jobs)), jobs)
+    ax[1].set_ylim(0.6, 1.4)
+    ax[1].set_ylabel("pool / solo")
+    src = "evaluate.py, alone" if all(r["evaluated"] for r in runs) else "the merge's own measurement, alone"
+    ax[1].set_title(f"bars: delivered latency pool / solo ({src}); dashed: goal 1.05\n"
+                    "x: co-tenancy shift of latencies measured while tuning", fontsize=9)
+    ax[1].legend(fontsize=8)
+    phases = [("build_s", "builds"), ("cost_model_s", "cost model"), ("sample_init_s", "init. population"),
+              ("measure_s", "measuring"), ("first_records_s", "to first records")]
+    means = {arm: [sum(r["jobs"][j]["cpu_phases_per_shard"][arm][k] for r in runs for j in jobs) / (len(runs) * len(jobs))
+                   for k, _ in phases] for arm in ("solo", "pool")}
+    for k, (arm, color) in enumerate((("solo", "grey"), ("pool", "tab:blue"))):
+        ax[2].bar([i + (k - 0.5) * 0.4 for i in range(len(phases))], means[arm], 0.4, color=color, label=arm)
+    ax[2].set_xticks(range(len(phases)), [n for _, n in phases], fontsize=8)
+    ax[2].set_ylabel("s per shard (mean over jobs and seeds)")
+    ax[2].set_title("what limits the gain: the shards' CPU work on 16 shared cores", fontsize=10)
+    ax[2].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(DOCS / "h200-multi-job.png", dpi=110)
     plt.close(fig)
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from sharetune.api.topology import TENANT_ENV
 
-__all__ = ["TENANT_ENV", "AloneMeasurements", "MeasureLog", "Windows", "prepare", "serve_remote"]
+__all__ = ["TENANT_ENV", "AloneMeasurements", "MeasureLog", "Windows", "prepare", "serve_remote", "tenant"]
 
 log = logging.getLogger("sharetune.window")
 
@@ -48,6 +48,12 @@ BEGIN, END = "sharetune.window.begin", "sharetune.window.end"
 SHARED_WAIT_S = 30.0  # a server's measurement waits at most this for a merge's exclusive window
 EXCLUSIVE_WAIT_S = 60.0  # a merge waits at most this for the servers' windows to drain
 POLL_S = 0.01
+
+
+def tenant(fallback: str) -> str:
+    """This process's job as the GPU's other tenants see it: ``$SHARETUNE_TENANT`` (namespace/name,
+    set by the operator and local mode), else ``fallback`` (a process started by hand)."""
+    return os.environ.get(TENANT_ENV) or fallback
 
 
 def prepare(pipe_dir: Path) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,9 +30,9 @@ import numpy as np
 from sharetune.api.spec import TuningJobSpec
 from sharetune.api.topology import SUMMARY_FILE
 
-from . import records
+from . import measure_window, records
 from .errors import TunerError
-from .measure_window import TENANT_ENV, AloneMeasurements
+from .measure_window import AloneMeasurements
 from .model import LoadedModel, load_for_spec, model_errors
 from .partition import budgets, useful_minimum
 from .targets import device_for, make_target
@@ -229,7 +228,7 @@ def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> 
 
     # Per task: the best record against TVM's default schedule; best/ keeps the winners only.
     # On a shared GPU every measurement below runs alone: co-tenants hold theirs back meanwhile.
-    alone = AloneMeasurements(os.environ.get(TENANT_ENV) or spec.name)
+    alone = AloneMeasurements(measure_window.tenant(spec.name))
     verdicts = judge_tasks(ms.database.JSONDatabase(work_dir=str(out / "best")).get_all_tuning_records(),
                            target, dev, alone)
     kept = [v["record"] for v in verdicts.values() if v["winner"] == TUNED]

@@ -115,7 +115,7 @@ class TuningServer:
         self.server: Any = None
         # The GPU's measurement windows (measure_window.py): present when the MPS daemon made them.
         self.windows = measure_window.Windows.of()
-        self.tenant = os.environ.get(measure_window.TENANT_ENV) or cfg.key
+        self.tenant = measure_window.tenant(cfg.key)
         self.registered = False
         self.restarts = 0
         self.gpu = GpuSampler(cfg.name)
