@@ -171,11 +171,11 @@ def run_job(job: LocalJob, pool: LocalPool) -> None:
             pool.release(job)
 
 
-def start(job: LocalJob, pool: LocalPool, host_clients: int | None = None) -> None:
-    """``host_clients``: the clients of every job running on the host once this one starts."""
+def start(job: LocalJob, pool: LocalPool, clients_on_host: int | None = None) -> None:
+    """``clients_on_host``: the clients of every job running on the host once this one starts."""
     mps = pool.mps_dirs(job) if job.placement is not None else None
     job.run = LocalRun(job.spec, job.path.resolve(), job.workdir.resolve(), shared_mps=mps,
-                       host_clients=host_clients)
+                       host_clients=clients_on_host)
     job.state, job.started = "running", time.time()
     job.thread = threading.Thread(target=run_job, args=(job, pool), name=f"job-{job.spec.name}", daemon=True)
     job.thread.start()
