@@ -263,7 +263,12 @@ def summarize_seed(arms: dict[str, dict[str, Any]], ev: dict[str, Any] | None) -
                           "sequential": [c["cpu_util_mean"] for c in solos]},
         "gpu_util_mean": {"concurrent": pool["gpu_util_mean"],
                           "sequential": [c["gpu_util_mean"] for c in solos]},
+        # The CPU as the bound: the machine-seconds of CPU each arm kept busy, and the makespan
+        # ratio the sequential arm's CPU work would allow at 100 % CPU (no GPU or start-up limit).
+        "cpu_busy_machine_s": {"concurrent": round(pool["wall_s"] * pool["cpu_util_mean"] / 100, 1),
+                               "sequential": round(sum(c["wall_s"] * c["cpu_util_mean"] for c in solos) / 100, 1)},
         "jobs": {}}
+    res["cpu_bound_makespan_ratio"] = round(res["cpu_busy_machine_s"]["sequential"] / sequential_s, 3)
     for j in pool["jobs"]:
         solo = next((c for c in solos if c["jobs"][0]["job"] == j["job"]), None)
         row: dict[str, Any] = {"co_tenants": j.get("co_tenants"), "trials": j.get("records"),
@@ -316,6 +321,7 @@ def summarize(a: argparse.Namespace) -> int:
         "round": a.round, "seeds": seeds, "same_machine": all(r["same_machine"] for r in runs),
         "makespan_ratio": geomean(ms), "makespan_ratio_worst": max(ms),
         "trials_per_s_ratio": geomean(tput), "trials_per_s_ratio_worst": round(min(tput), 3),
+        "cpu_bound_makespan_ratio": geomean([r["cpu_bound_makespan_ratio"] for r in runs]),
         "jobs": {}, "not_run": [f"evaluate seed {r['seed']} (end-to-end latencies)" for r in runs if not r["evaluated"]],
         "runs": runs}
     for job in runs[0]["jobs"]:
