@@ -215,7 +215,7 @@ def multi_job(plt: Any) -> None:
     w = 0.8 / max(1, len(runs))
     for k, r in enumerate(runs):
         ax[1].bar([i + (k - (len(runs) - 1) / 2) * w for i in range(len(jobs))],
-                  [r["jobs"][j].get("latency_ratio_vs_solo") or r["jobs"][j].get("merge_latency_ratio_vs_solo") or 0
+                  [r["jobs"][j].get("latency_ratio_vs_solo") or 0
                    for j in jobs], w * 0.9, label=f"seed {r['seed']}")
         for i, j in enumerate(jobs):
             shift = r["jobs"][j].get("co_tenancy_shift")
@@ -226,7 +226,9 @@ def multi_job(plt: Any) -> None:
     ax[1].set_xticks(range(len(jobs)), jobs)
     ax[1].set_ylim(0.6, 1.4)
     ax[1].set_ylabel("pool / solo")
-    src = "evaluate.py, alone" if all(r["evaluated"] for r in runs) else "the merge's own measurement, alone"
+    src = {"evaluate": "evaluate, alone", "merge": "the merges' own measurement, alone"}
+    src = " / ".join(sorted({src[r["jobs"][j]["latency_measured_by"]] for r in runs for j in jobs
+                             if r["jobs"][j].get("latency_measured_by")}))
     ax[1].set_title(f"bars: delivered latency pool / solo ({src}); dashed: goal 1.05\n"
                     "x: co-tenancy shift of latencies measured while tuning", fontsize=9)
     ax[1].legend(fontsize=8)
