@@ -23,7 +23,6 @@ run back to back on one machine (``machine`` is recorded). Smoke test on a CPU m
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import math
 import os
@@ -231,8 +230,6 @@ def shard_phases(job_dir: Path) -> dict[str, float] | None:
     for p in sorted(job_dir.glob("shards/*/progress.json")):
         prog = json.loads(p.read_text())
         ph = prog.get("phases") or {}
-        if isinstance(ph, str):  # older progress reports kept the profile as a repr
-            ph = ast.literal_eval(ph)
         rows.append({**{k: ph.get(v, 0.0) for k, v in CPU_PHASES.items()},
                      "first_records_s": (prog.get("startup") or {}).get("first_records_s") or 0.0,
                      "shard_s": prog.get("updated_at", 0.0) - prog.get("started_at", 0.0)})
