@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,7 +75,7 @@ def run_arm(tree: Path, jobs: list[Path], work: Path) -> dict[str, Any]:
 
 
 def geomean(xs: list[float]) -> float:
-    return round(math.exp(sum(map(math.log, xs)) / len(xs)), 3)
+    return round(statistics.geometric_mean(xs), 3)
 
 
 def main() -> int:

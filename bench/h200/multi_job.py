@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -239,7 +239,7 @@ def shard_phases(job_dir: Path) -> dict[str, float] | None:
 
 
 def geomean(xs: list[float]) -> float:
-    return round(math.exp(sum(map(math.log, xs)) / len(xs)), 3)
+    return round(statistics.geometric_mean(xs), 3)
 
 
 def summarize_seed(arms: dict[str, dict[str, Any]], ev: dict[str, Any] | None) -> dict[str, Any]:
@@ -352,7 +352,7 @@ def tuning_vs_alone(job: dict[str, Any]) -> float | None:
     """Geometric mean over tasks of (best latency measured while tuning) / (re-measured alone)."""
     r = [t["best_latency_us"] / t["tuned_us"] for t in job.get("tasks") or []
          if t.get("best_latency_us") and t.get("tuned_us")]
-    return round(math.exp(sum(map(math.log, r)) / len(r)), 3) if r else None
+    return geomean(r) if r else None
 
 
 def main(argv: list[str] | None = None) -> int:

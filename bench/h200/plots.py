@@ -226,8 +226,8 @@ def multi_job(plt: Any) -> None:
     ax[1].set_xticks(range(len(jobs)), jobs)
     ax[1].set_ylim(0.6, 1.4)
     ax[1].set_ylabel("pool / solo")
-    src = {"evaluate": "evaluate, alone", "merge": "the merges' own measurement, alone"}
-    src = " / ".join(sorted({src[r["jobs"][j]["latency_measured_by"]] for r in runs for j in jobs
+    by = {"evaluate": "evaluate, alone", "merge": "the merges' own measurement, alone"}
+    src = " / ".join(sorted({by[r["jobs"][j]["latency_measured_by"]] for r in runs for j in jobs
                              if r["jobs"][j].get("latency_measured_by")}))
     ax[1].set_title(f"bars: delivered latency pool / solo ({src}); dashed: goal 1.05\n"
                     "x: co-tenancy shift of latencies measured while tuning", fontsize=9)

@@ -70,15 +70,17 @@ def run_many(paths: list[Path], workdir: Path | None, json_out: Path | None, con
             rows = {j.spec.name: bar.add_task(f"[bold]{j.spec.name}", total=None, info="queued") for j in jobs}
             # CPU jobs, and cuda jobs on a machine without a GPU, have no share to wait for
             free = [j for j in jobs if not pooled(j.spec) or not gpus]
+            clients = host_clients(jobs, free)
             for j in free:
-                start(j, pool, host_clients(jobs, free))
+                start(j, pool, clients)
             said: dict[str, str] = {}
             while any(j.state in ("queued", "running") for j in jobs):
                 waiting = [j for j in jobs if j.state == "queued"]
                 if waiting:
                     admitted, never = pool.admit(waiting)
+                    clients = host_clients(jobs, admitted)
                     for j in admitted:
-                        start(j, pool, host_clients(jobs, admitted))
+                        start(j, pool, clients)
                     for j in waiting:
                         if j.spec.name in never:
                             j.state, j.error = "failed", f"cannot run on this machine: {never[j.spec.name]}"
