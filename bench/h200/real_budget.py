@@ -35,6 +35,7 @@ import math
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -464,7 +465,7 @@ def compare(base: dict[str, Any], st: dict[str, Any], tol: float = TTQ_TOLERANCE
 
 def gmean(xs: list[float]) -> float | None:
     xs = [x for x in xs if x is not None and x > 0]
-    return round(math.exp(sum(math.log(x) for x in xs) / len(xs)), 3) if xs else None
+    return round(statistics.geometric_mean(xs), 3) if xs else None
 
 
 # metric -> which value is the worst run (the lower throughput / speed-up, the higher latency ratio)

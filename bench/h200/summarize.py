@@ -7,6 +7,7 @@ h200-quality-matrix.json and h200-tuning.png. Runs anywhere (no GPU, no TVM).
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -121,15 +122,12 @@ def over_seeds(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The best configuration judged over all its seeds (search luck is large at this budget): the
     configuration (M, N, P, candidates per round) whose every seed is within 5% of the baseline's
     latency, with the highest geometric-mean throughput ratio."""
-    import math
-
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in rows:
         if r["mode"] == "sharetune" and "latency_ratio" in r and r["throughput_ratio"] is not None:
             groups.setdefault((r["clients_M"], r["servers_N"], r["thread_pct_P"], r["candidates_per_round"]), []).append(r)
 
-    def gmean(xs: list[float]) -> float:
-        return math.exp(sum(math.log(x) for x in xs) / len(xs))
+    gmean = statistics.geometric_mean
 
     ok = {k: g for k, g in groups.items() if all(r.get("e2e_within_5pct_of_baseline") for r in g)}
     if not ok:
@@ -149,8 +147,6 @@ def across_rounds(by_round: dict[str, Any], model: str, key: tuple[int, int, int
     """One configuration over every round and seed that ran the kept code, each run against its own
     round's baseline: geometric means and the worst run, per goal. Throughput and time to quality
     only for runs on their baseline's machine; latency for every run (evaluated with its baseline)."""
-    import math
-
     runs = []
     for rnd in rounds:
         g = by_round.get(f"{rnd}/{model}")
@@ -166,7 +162,7 @@ def across_rounds(by_round: dict[str, Any], model: str, key: tuple[int, int, int
                 runs.append(r)
 
     def gmean(xs: list[float]) -> float:
-        return round(math.exp(sum(math.log(x) for x in xs) / len(xs)), 3)
+        return round(statistics.geometric_mean(xs), 3)
 
     same_machine = [r for r in runs if r["throughput_ratio"] is not None]
     tp = [r["throughput_ratio"] for r in same_machine]
@@ -196,8 +192,6 @@ def shared_builder_ab(cells: dict[str, dict[str, Any]], ev: dict[str, Any]) -> d
     """One machine (round r6's second call and round r7), the headline topology (6x6@50%, 16 per
     round): the clients' builds in one build service of the 16 cores against 6 workers per client.
     No baseline ran there, so wall times and their ratio, not throughput ratios."""
-    import math
-
     ids = sorted(OTHER_MACHINE | {i for i, c in cells.items() if c.get("round") == "r7"})
 
     def arm(shared: bool) -> dict[str, Any]:
@@ -206,7 +200,7 @@ def shared_builder_ab(cells: dict[str, dict[str, Any]], ev: dict[str, Any]) -> d
         return {"runs": [{"id": c["id"], "seed": c["seed"], "wall_s": c["wall_s"], "cpu_util_mean_pct": c["cpu_util_mean"],
                           "slowest_shard_build_s": round(max(p.get("SendToBuilder", 0.0) for p in c["phases"]), 1),
                           "failed": c["failed"]} for c in runs],
-                "wall_s_gmean": round(math.exp(sum(math.log(w) for w in walls) / len(walls)), 2),
+                "wall_s_gmean": round(statistics.geometric_mean(walls), 2),
                 "cpu_util_mean_pct": round(sum(c["cpu_util_mean"] for c in runs) / len(runs), 1)}
 
     shared, own = arm(True), arm(False)
@@ -473,8 +467,6 @@ def by_tuning_pct(rows: list[dict[str, Any]], serve: list[int], shape: bool) -> 
     """Rows grouped by tuning share P_t (geometric mean over a group's runs) and the slowdown rule
     on them: slowdown(P_t, P_s) = value / the smallest value at P_s; recommended = the P_t with the
     smallest worst case over P_s. ``shape``: each run's latency over its own latency at P_s=100 first."""
-    import math
-
     groups: dict[int, list[dict[str, float]]] = {}
     for r in rows:
         lat = r["latency_ms_by_serve_pct"]
@@ -482,7 +474,7 @@ def by_tuning_pct(rows: list[dict[str, Any]], serve: list[int], shape: bool) -> 
         groups.setdefault(r["tuned_at_pct"], []).append({str(s): lat[str(s)] / ref for s in serve})
     if not groups:
         return {}
-    val = {pt: {str(s): math.exp(sum(math.log(g[str(s)]) for g in gs) / len(gs)) for s in serve}
+    val = {pt: {str(s): statistics.geometric_mean(g[str(s)] for g in gs) for s in serve}
            for pt, gs in sorted(groups.items())}
     low = {str(s): min(v[str(s)] for v in val.values()) for s in serve}
     sd = {pt: {str(s): round(v[str(s)] / low[str(s)], 4) for s in serve} for pt, v in val.items()}

@@ -211,8 +211,8 @@ def cold_search_applies(cfg: ClientConfig, cost_model: Any, trials: int) -> bool
     model predicts uniform random scores until it holds ``num_warmup_samples`` (100) measurements,
     and the random model always does. Evolving a population by those scores is a random walk that
     cost each shard 20-25 s of CPU per round on the H200 (SampleInitPopulation + mutation for 16
-    candidates, against ~0.5 CPU-s to build one); random sampling of the design space gives the
-    same distribution of candidates for the price of the batch (bench/h200/search_cost.py)."""
+    candidates, against ~0.5 CPU-s to build one). Whether a cheaper search proposes candidates as
+    fast is measured by bench/h200/search_quality.py."""
     if cfg.cold_search not in COLD_SEARCHES:
         return False
     warmup = getattr(cost_model, "num_warmup_samples", None)

@@ -32,7 +32,6 @@ from sharetune.api.topology import SUMMARY_FILE
 
 from . import measure_window, records
 from .errors import TunerError
-from .measure_window import AloneMeasurements
 from .model import LoadedModel, load_for_spec, model_errors
 from .partition import budgets, useful_minimum
 from .targets import device_for, make_target
@@ -148,7 +147,7 @@ def kernel_timer(mod: Any, target: Any, dev: Any, min_repeat_ms: int = 40) -> Ca
 
 
 def judge_tasks(candidates: list[Any], target: Any, dev: Any,
-                alone: AloneMeasurements | None = None) -> dict[str, dict[str, Any]]:
+                alone: measure_window.AloneMeasurements | None = None) -> dict[str, dict[str, Any]]:
     """Per workload (structural hash) of each candidate record: ``default_us``, ``tuned_us`` and
     the ``winner``, both measured here the same way (on a shared GPU inside an exclusive window:
     ``alone``). A record that does not build or run here loses; a default that does not build on
@@ -228,7 +227,7 @@ def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> 
 
     # Per task: the best record against TVM's default schedule; best/ keeps the winners only.
     # On a shared GPU every measurement below runs alone: co-tenants hold theirs back meanwhile.
-    alone = AloneMeasurements(measure_window.tenant(spec.name))
+    alone = measure_window.AloneMeasurements(measure_window.tenant(spec.name))
     verdicts = judge_tasks(ms.database.JSONDatabase(work_dir=str(out / "best")).get_all_tuning_records(),
                            target, dev, alone)
     kept = [v["record"] for v in verdicts.values() if v["winner"] == TUNED]
