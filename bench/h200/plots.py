@@ -4,9 +4,11 @@
   docs/h200-quality-over-time.png  best-so-far tuned-kernel latency over time; final model latency vs wall time
   docs/h200-quality-heatmap.png  the quality matrix: latency per run x serving share, and the per-P_t slowdowns
   docs/h200-multi-job.png        issue 16: three jobs through one GPU pool vs one after another
+  docs/h200-search-quality.png   issue 17.4: the candidates each cold search proposes, per task
 
   python bench/h200/plots.py     (after summarize.py)
   python bench/h200/plots.py multi-job   (after multi_job.py summarize; that figure only)
+  python bench/h200/plots.py search-quality   (after search_quality.py summarize; that figure only)
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ def main() -> int:
 
     if sys.argv[1:] == ["multi-job"]:
         multi_job(plt)
+        return 0
+    if sys.argv[1:] == ["search-quality"]:
+        search_quality(plt)
         return 0
 
     tuning = json.loads((RESULTS / "h200-tuning.json").read_text())
@@ -190,6 +195,40 @@ def _rounds(plt: Any, tuning: dict[str, Any], keys: list[str], file: str, title:
     fig.tight_layout()
     fig.savefig(DOCS / file, dpi=110)
     plt.close(fig)
+
+
+def search_quality(plt: Any) -> None:
+    """docs/h200-search-quality.png: per task, the distribution (CDF) of every candidate each cold
+    search proposed in a first round, timed alone on the GPU; the fast end is what a round keeps."""
+    from common import load_cells
+
+    sq = json.loads((RESULTS / "h200-search-quality.json").read_text())
+    rows = [r for r in load_cells("h200-search-quality.jsonl").values() if r["model"] == sq["model"]]
+    arms = list(sq["arms"])
+    tasks = list(sq["per_task"])
+    colors = {"evolutionary": "black", "lite": "tab:orange", "short": "tab:green", "replay": "tab:blue"}
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for ax, task in zip(axes.flat, tasks):
+        lo, hi = float("inf"), 0.0
+        for arm in arms:
+            xs = sorted(x for r in rows if r["task_name"] == task for x in r["arms"][arm]["us"] if x is not None)
+            lo, hi = min(lo, xs[0]), max(hi, xs[len(xs) // 2])
+            ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", color=colors.get(arm),
+                    label=f"{arm}: E[best of {sq['batch']}] {sq['per_task'][task][arm]['expected_best_of_batch_us']:.0f} us")
+        ax.set_xscale("log")
+        ax.set_xlim(0.9 * lo, 1.1 * hi)
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
+        ax.set_ylim(0, 0.5)  # the fast half: a round keeps its best
+        ax.set_title(task, fontsize=9)
+        ax.set_xlabel("candidate latency, us (alone on the GPU)", fontsize=8)
+        ax.legend(fontsize=7, loc="upper left")
+    axes.flat[0].set_ylabel("fraction of candidates at or below")
+    summary = ", ".join(f"{a} {v['best_of_batch_vs_evolutionary_geomean']:.2f}x ({v['search_cpu_s_vs_evolutionary']:.2f}x CPU)"
+                        for a, v in sq["arms"].items() if a != "evolutionary")
+    fig.suptitle(f"{sq['model']}: first-round candidates of each cold search, {sq['rows']} (seed, task) rounds; "
+                 f"a round's best vs evolutionary: {summary}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(DOCS / "h200-search-quality.png", dpi=110)
 
 
 def multi_job(plt: Any) -> None:

@@ -129,7 +129,9 @@ def knobs(a: argparse.Namespace, cores: int) -> dict[str, Any]:
     return {**base, "clients": a.clients, "servers": a.servers, "thread_pct": a.pct, "mps": a.target == "cuda",
             "per_iteration": a.per_iter, "per_task": a.per_task,
             "builder": "one build service for all clients (PooledBuilder, host's cores)",
-            "runner": "SessionRPCRunner", "search": "client default (evolutionary, 8 x batch population)",
+            "runner": "SessionRPCRunner", "search": ("client default: while a task's rounds are all ranked by a cold cost model "
+                                                 f"{'replay (cuda)' if a.target == 'cuda' else 'evolutionary'}, "
+                                                 "then evolutionary, 8 x batch population"),
             "cost_model": "xgb"}
 
 

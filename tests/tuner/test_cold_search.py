@@ -1,8 +1,8 @@
 """While MetaSchedule's cost model cannot rank candidates, the client can sample the batch at random
-instead of evolving a population by noise (client.cold_search_applies, SHARETUNE_COLD_SEARCH=replay;
-stock evolutionary search by default). Real cost models, real
-search strategies; the quality side (same best latencies) is measured on the H200
-(bench/h200/tune_cell.py cells' best_us, docs/benchmarks.md)."""
+instead of evolving a population by noise (client.cold_search_applies, SHARETUNE_COLD_SEARCH; by
+default replay on CUDA, evolutionary elsewhere). Real cost models, real search strategies; the
+quality side (candidates as fast) is measured on the H200 (bench/h200/search_quality.py,
+docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from pathlib import Path
 
 from tvm.s_tir import meta_schedule as ms
 
-from sharetune_tuner.client import ClientConfig, cold_search_applies, search_strategy
+import pytest
+
+from sharetune_tuner.client import ClientConfig, cold_search_applies, resolve_cold_search, search_strategy
+from sharetune_tuner.errors import TunerError
 
 
 def _cfg(**kw: object) -> ClientConfig:
@@ -18,11 +21,23 @@ def _cfg(**kw: object) -> ClientConfig:
                         tracker_key="k", servers=1, total_trials=64, trials_per_task=16, **kw)  # type: ignore[arg-type]
 
 
-def test_stock_search_by_default(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_default_follows_the_target(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.delenv("SHARETUNE_COLD_SEARCH", raising=False)
-    assert not cold_search_applies(_cfg(), ms.CostModel.create("random"), 16)
+    assert _cfg().cold_search == "auto"
+    # Measured on CUDA only (bench/results/h200-search-quality.json): CPU targets keep stock search.
+    assert resolve_cold_search("auto", "cuda") == "replay"
+    assert resolve_cold_search("auto", "llvm") == "evolutionary"
+    assert resolve_cold_search("evolutionary", "cuda") == "evolutionary"
+    assert resolve_cold_search("lite", "llvm") == "lite"
+    auto_llvm = _cfg(cold_search=resolve_cold_search("auto", "llvm"))
+    assert not cold_search_applies(auto_llvm, ms.CostModel.create("random"), 16)
     monkeypatch.setenv("SHARETUNE_COLD_SEARCH", "replay")
     assert cold_search_applies(_cfg(), ms.CostModel.create("random"), 16)
+
+
+def test_an_unknown_search_names_the_variable_and_the_choices() -> None:
+    with pytest.raises(TunerError, match=r"SHARETUNE_COLD_SEARCH='replya'.*auto, evolutionary, replay, lite, short"):
+        resolve_cold_search("replya", "cuda")
 
 
 def test_a_cold_xgb_model_gets_random_sampling_until_it_can_rank() -> None:
@@ -40,7 +55,9 @@ def test_a_cold_xgb_model_gets_random_sampling_until_it_can_rank() -> None:
 
 
 def test_the_strategies() -> None:
-    assert isinstance(search_strategy(_cfg(cold_search="replay"), cold=True), ms.search_strategy.ReplayTrace)
+    replay = search_strategy(_cfg(cold_search="replay"), cold=True)
+    assert isinstance(replay, ms.search_strategy.ReplayTrace)
+    assert replay.max_fail_count == 400  # stock 100 left ~7% of the heaviest CUDA conv's slots empty
     evo = search_strategy(_cfg(trials_per_iter=16))
     assert isinstance(evo, ms.search_strategy.EvolutionarySearch) and evo.population_size == 128
 

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +26,7 @@ from . import measure_window, metrics, records
 from .builder import PooledBuilder
 from .callbacks import CommitBatch, CostModelUpdate, PhaseExport, ProgressCallback, StoreBatch, WriteAhead
 from .cpus import cost_model_threads, default_builder_workers
-from .errors import TrackerError
+from .errors import TrackerError, TunerError
 from .intrinsics import ensure_registered
 from .partition import budgets, partition, to_tune, useful_minimum, useful_shards
 from .tasks import Task, extract
@@ -56,11 +56,9 @@ class ClientConfig:
     clients_on_host: int = 1  # clients sharing this host's CPUs (local mode: every job's shards)
     build_service: Path | None = None  # the host's shared builder pool (build_service.py), if any
     population_size: int | None = None  # evolutionary search; None = sized to the batch
-    # While the cost model cannot rank candidates yet (cold_search_applies): "replay" samples the
-    # batch at random instead of evolving a population by the model's noise; "evolutionary" = stock,
-    # the default until replay is shown to find equally fast models (docs/benchmarks.md, round r11:
-    # 1.40x trials/s and equal per-task bests on the H200, but lower end-to-end speed-ups on the CPU).
-    cold_search: str = field(default_factory=lambda: os.environ.get("SHARETUNE_COLD_SEARCH", "evolutionary"))
+    # The search while the cost model cannot rank candidates yet (cold_search_applies): one of
+    # COLD_SEARCHES, "evolutionary" (stock) or "auto" (DEFAULT_COLD_SEARCH for the target's kind).
+    cold_search: str = field(default_factory=lambda: os.environ.get("SHARETUNE_COLD_SEARCH", AUTO))
     session_timeout_s: int = 60
     tracker_wait_s: float = 60.0
     # One RPC session per runner worker, kept for the whole shard (runner.SessionRPCRunner), and
@@ -204,6 +202,28 @@ def plan_shard(tasks: list[Task], cfg: ClientConfig) -> ShardPlan:
 #   short:  the stock population with one generation of mutation instead of four.
 COLD_SEARCHES = ("replay", "lite", "short")
 LITE_POPULATION_PER_CANDIDATE = 2
+AUTO = "auto"
+# What "auto" means per target kind, as measured. CUDA (H200, bench/h200/search_quality.py: the
+# first round of ResNet-18's 6 heaviest conv tasks, 55 rounds of 16 per arm, every candidate timed
+# alone; bench/results/h200-search-quality.json): random sampling proposed candidates as fast as the
+# evolutionary search (a round's best 0.94x of evolutionary's, 95% interval 0.84-1.03; expected
+# best of 16 from the pooled candidates 0.99x, 0.92-1.06) for 0.15x its CPU. Other kinds keep the
+# evolutionary search: not measured that way on a CPU target (a two-pair end-to-end check on llvm
+# favoured evolutionary, docs/benchmarks.md).
+DEFAULT_COLD_SEARCH = {"cuda": "replay"}
+# ReplayTrace gives a batch slot up after this many invalid samples in a row (stock: 100). With 100,
+# 13 of 192 slots of ResNet-18's heaviest conv on CUDA stayed empty (lost trials: the budget counts
+# slots); 400 filled all 192 for 7% more search CPU (12 seeds).
+REPLAY_MAX_FAIL_COUNT = 400
+
+
+def resolve_cold_search(choice: str, target_kind: str) -> str:
+    """The cold search a client uses: ``choice`` (SHARETUNE_COLD_SEARCH) with "auto" resolved for
+    the target; an unknown value is a usage error naming the variable, not a silent fallback."""
+    valid = (AUTO, "evolutionary", *COLD_SEARCHES)
+    if choice not in valid:
+        raise TunerError(f"SHARETUNE_COLD_SEARCH={choice!r} is not a search: use one of {', '.join(valid)}")
+    return DEFAULT_COLD_SEARCH.get(target_kind, "evolutionary") if choice == AUTO else choice
 
 
 def cold_search_applies(cfg: ClientConfig, cost_model: Any, trials: int) -> bool:
@@ -231,7 +251,7 @@ def search_strategy(cfg: ClientConfig, cold: bool = False) -> Any:
     from tvm.s_tir import meta_schedule as ms
 
     if cold and cfg.cold_search == "replay":
-        return ms.search_strategy.ReplayTrace()
+        return ms.search_strategy.ReplayTrace(max_fail_count=REPLAY_MAX_FAIL_COUNT)
     stock = cfg.population_size or max(64, min(512, 8 * cfg.trials_per_iter))
     if cold and cfg.cold_search == "short":
         return ms.search_strategy.EvolutionarySearch(population_size=stock, genetic_num_iters=1,
@@ -253,6 +273,7 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     """Tunes this client's shard to completion (or resumes it) and returns the final progress."""
     from tvm.s_tir import meta_schedule as ms
 
+    cfg = replace(cfg, cold_search=resolve_cold_search(cfg.cold_search, target.kind.name))
     cfg.work_dir.mkdir(parents=True, exist_ok=True)
     progress_path = cfg.work_dir / PROGRESS
     progress = Progress(cfg.job, cfg.shard, cfg.shards)
@@ -338,7 +359,8 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     # One cost model for the whole shard: it keeps learning across this shard's tasks.
     cm_threads = cost_model_threads(cfg.clients_on_host)
     cost_model = ms.CostModel.create(cfg.cost_model, num_tuning_cores=cm_threads)
-    log.info("threads: search %d, cost model %d (%d clients on this host)", cores, cm_threads, cfg.clients_on_host)
+    log.info("threads: search %d, cost model %d (%d clients on this host); search while the cost model is cold: %s",
+             cores, cm_threads, cfg.clients_on_host, cfg.cold_search)
     with ms.Profiler() as prof, ExitStack() as cleanup:
         stage = None
         if cfg.store_ahead is not None:
