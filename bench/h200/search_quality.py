@@ -1,6 +1,6 @@
 """Does a cheaper cold search propose candidates as fast as the evolutionary one? (issue 17.4)
 
-While a client's cost model is cold (``client.cold_search_applies``) its search ranks by noise, so
+While a client's cost model is cold (``client.first_round_search``) its search ranks by noise, so
 what matters is the *distribution* of the candidates each search proposes. Whole tuning cells give
 16 per task per run under MPS and co-tenancy noise, and best-of-16 varied 50-87 us between runs of
 one arm (H200 r12-r14): too few samples to tell arms apart. Here the two halves are taken apart:
@@ -17,7 +17,8 @@ one arm (H200 r12-r14): too few samples to tell arms apart. Here the two halves 
              Resumable: groups already in the results file are skipped; ``--budget-s`` bounds a call.
   summarize  per arm against evolutionary: best-of-batch per (seed, task) pair (geometric mean and
              a bootstrap interval over seeds), the expected best-of-batch of the pooled
-             distribution, medians, failures, search seconds -> ``h200-search-quality.json``.
+             distribution, medians, failures, search seconds -> ``h200-search-quality.json``
+             (``--target llvm``: ``cpu-search-quality.json``, measured on the machine it runs on).
 
   python bench/h200/search_quality.py propose --seeds 0-7 --jobs 2
   python bench/h200/search_quality.py measure --budget-s 540
@@ -42,8 +43,11 @@ from typing import Any
 from common import RESULTS, RUN_ROOT, heaviest, log, parse_cpus
 
 ARMS = ("evolutionary", "lite", "short", "replay")
-MEASURED = "h200-search-quality.jsonl"
-SUMMARY = "h200-search-quality.json"
+
+
+def results_name(target: str) -> str:
+    """h200-search-quality (CUDA, the H200) or cpu-search-quality (llvm, the machine it runs on)."""
+    return f"{'h200' if target == 'cuda' else 'cpu'}-search-quality"
 # The client's measurement (client.run_client): what a trial's latency means in every cell.
 EVALUATOR = {"number": 3, "repeat": 1, "min_repeat_ms": 20}
 
@@ -87,7 +91,7 @@ def _has_gpu() -> bool:
 def _search(arm: str, seed: int, task: int, batch: int, threads: int, out: str) -> dict[str, Any]:
     """One client's first search round of one task with ``arm`` as its cold search."""
     from tvm.s_tir import meta_schedule as ms
-    from sharetune_tuner.client import ClientConfig, cold_search_applies, search_strategy
+    from sharetune_tuner.client import ClientConfig, first_round_search, search_strategy
 
     t = _TASKS[task]
     d = Path(out)
@@ -98,7 +102,7 @@ def _search(arm: str, seed: int, task: int, batch: int, threads: int, out: str) 
     t0, c0 = time.perf_counter(), time.process_time()
     ctxs, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(
         [t.extracted], work_dir=str(d.parent / "logs"),
-        strategy=search_strategy(cfg, cold_search_applies(cfg, cost_model, batch)),
+        strategy=search_strategy(cfg, first_round_search(cfg, cost_model, 0) or "evolutionary"),
         num_threads=threads, seed=seed * 1000 + task)
     ctx = ctxs[0]
     ctx.pre_tuning(max_trials=batch, num_trials_per_iter=batch, design_spaces=ctx.space_generator.generate_design_space(ctx.mod),
@@ -153,10 +157,10 @@ def _groups(root: Path) -> dict[tuple[int, int], list[tuple[dict[str, Any], Path
     return out
 
 
-def _rows(model: str) -> list[dict[str, Any]]:
+def _rows(model: str, target: str) -> list[dict[str, Any]]:
     from common import load_cells
 
-    return [c for c in load_cells(MEASURED).values() if c["model"] == model]
+    return [c for c in load_cells(results_name(target) + ".jsonl").values() if c["model"] == model]
 
 
 def _us(res: Any) -> float | None:
@@ -178,7 +182,7 @@ def measure(a: argparse.Namespace) -> int:
     ensure_registered()
     target = make_target(a.target)
     groups = _groups(_cands_root(a))
-    done = {(r["seed"], r["task"]) for r in _rows(a.model)}
+    done = {(r["seed"], r["task"]) for r in _rows(a.model, a.target)}
     todo = [k for k in sorted(groups) if k not in done]
     log(f"measure: {len(todo)} of {len(groups)} (seed, task) groups left")
     cores = os.cpu_count() or 1
@@ -227,7 +231,7 @@ def measure(a: argparse.Namespace) -> int:
                                                         if ar == arm and b.error_msg is not None),
                                     "us": [mine[i] for i in sorted(mine)]}
             row["remeasured"] = [[lat[order.index(x)], us] for x, us in zip(again.values(), lat[len(ok):])]
-            append_cell(MEASURED, row)
+            append_cell(results_name(a.target) + ".jsonl", row)
             for b in built:
                 if b.artifact_path:
                     shutil.rmtree(os.path.dirname(b.artifact_path), ignore_errors=True)
@@ -301,9 +305,9 @@ def _boot_expected(rows: list[dict[str, Any]], arm: str, batch: int, n: int = 10
 
 
 def summarize(a: argparse.Namespace) -> dict[str, Any]:
-    rows = _rows(a.model)
+    rows = _rows(a.model, a.target)
     if not rows:
-        raise SystemExit(f"no rows in {MEASURED}: run measure first")
+        raise SystemExit(f"no rows in {results_name(a.target)}.jsonl: run measure first")
     batch = a.batch
     arms = [x for x in ARMS if all(x in r["arms"] for r in rows)]
     tasks = sorted({(r["task"], r["task_name"]) for r in rows})
@@ -349,7 +353,7 @@ def summarize(a: argparse.Namespace) -> dict[str, Any]:
         }
     noise = [abs(b / a_ - 1) for r in rows for a_, b in r.get("remeasured", []) if a_ and b]
     out["remeasure_abs_diff_median"] = round(statistics.median(noise), 4) if noise else None
-    (RESULTS / SUMMARY).write_text(json.dumps(out, indent=1) + "\n")
+    (RESULTS / (results_name(a.target) + ".json")).write_text(json.dumps(out, indent=1) + "\n")
     for arm, v in out["arms"].items():
         log(f"{arm}: {v}")
     return out

@@ -33,8 +33,8 @@ if os.environ.get("BENCH_POP_PER_CAND"):
 
     client.search_strategy = _sized
 
-# Sweep knob (BENCH_COLD_SEARCH=replay|evolutionary): the client's search while its cost model is
-# cold (client.cold_search_applies); unset = the client's default.
+# Sweep knob (BENCH_COLD_SEARCH=replay|lite|short|evolutionary): the client's search while its cost model is
+# cold, in a task's first round (client.first_round_search); unset = the client's default (replay).
 if os.environ.get("BENCH_COLD_SEARCH"):
     os.environ["SHARETUNE_COLD_SEARCH"] = os.environ["BENCH_COLD_SEARCH"]
 

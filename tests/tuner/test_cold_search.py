@@ -1,19 +1,26 @@
-"""While MetaSchedule's cost model cannot rank candidates, the client can sample the batch at random
-instead of evolving a population by noise (client.cold_search_applies, SHARETUNE_COLD_SEARCH; by
-default replay on CUDA, evolutionary elsewhere). Real cost models, real search strategies; the
-quality side (candidates as fast) is measured on the H200 (bench/h200/search_quality.py,
-docs/benchmarks.md)."""
+"""A task's first round, while MetaSchedule's cost model cannot rank candidates, samples the batch
+at random instead of evolving a population by noise (client.first_round_search,
+SHARETUNE_COLD_SEARCH, default replay); later rounds evolve from the measured schedules. Real cost
+models, real search strategies, and a real client tuning a real task (llvm) for the round split;
+the quality side (candidates as fast) is measured on the H200 and this CPU
+(bench/h200/search_quality.py, docs/benchmarks.md round q1)."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
+import pytest
+import yaml
 from tvm.s_tir import meta_schedule as ms
 
-import pytest
+from sharetune_tuner import records
 
-from sharetune_tuner.client import ClientConfig, cold_search_applies, resolve_cold_search, search_strategy
+from sharetune_tuner.client import ClientConfig, check_cold_search, first_round_search, model_is_cold, search_strategy
 from sharetune_tuner.errors import TunerError
+
+from .conftest import EXAMPLE, Topology, tuner
 
 
 def _cfg(**kw: object) -> ClientConfig:
@@ -21,41 +28,58 @@ def _cfg(**kw: object) -> ClientConfig:
                         tracker_key="k", servers=1, total_trials=64, trials_per_task=16, **kw)  # type: ignore[arg-type]
 
 
-def test_the_default_follows_the_target(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_replay_by_default_and_the_variable_chooses(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.delenv("SHARETUNE_COLD_SEARCH", raising=False)
-    assert _cfg().cold_search == "auto"
-    # Measured on CUDA only (bench/results/h200-search-quality.json): CPU targets keep stock search.
-    assert resolve_cold_search("auto", "cuda") == "replay"
-    assert resolve_cold_search("auto", "llvm") == "evolutionary"
-    assert resolve_cold_search("evolutionary", "cuda") == "evolutionary"
-    assert resolve_cold_search("lite", "llvm") == "lite"
-    auto_llvm = _cfg(cold_search=resolve_cold_search("auto", "llvm"))
-    assert not cold_search_applies(auto_llvm, ms.CostModel.create("random"), 16)
-    monkeypatch.setenv("SHARETUNE_COLD_SEARCH", "replay")
-    assert cold_search_applies(_cfg(), ms.CostModel.create("random"), 16)
+    assert _cfg().cold_search == "replay"
+    assert first_round_search(_cfg(), ms.CostModel.create("random"), 0) == "replay"
+    monkeypatch.setenv("SHARETUNE_COLD_SEARCH", "evolutionary")
+    assert first_round_search(_cfg(), ms.CostModel.create("random"), 0) is None
 
 
 def test_an_unknown_search_names_the_variable_and_the_choices() -> None:
-    with pytest.raises(TunerError, match=r"SHARETUNE_COLD_SEARCH='replya'.*auto, evolutionary, replay, lite, short"):
-        resolve_cold_search("replya", "cuda")
+    assert check_cold_search("lite") == "lite"
+    with pytest.raises(TunerError, match=r"SHARETUNE_COLD_SEARCH='replya'.*evolutionary, replay, lite, short"):
+        check_cold_search("replya")
 
 
-def test_a_cold_xgb_model_gets_random_sampling_until_it_can_rank() -> None:
+def test_only_a_first_round_ranked_by_noise_is_sampled_at_random() -> None:
     xgb = ms.CostModel.create("xgb", num_tuning_cores=1)
     assert xgb.num_warmup_samples == 100 and xgb.data_size == 0  # TVM's threshold: random scores below it
     replay = _cfg(cold_search="replay")
-    assert cold_search_applies(replay, xgb, 16)
-    assert cold_search_applies(replay, xgb, 100)
-    # A task whose later rounds will be ranked by a trained model keeps the evolutionary search.
-    assert not cold_search_applies(replay, xgb, 101)
-    xgb.data_size = 90  # measurements of the shard's earlier tasks count
-    assert not cold_search_applies(replay, xgb, 16)
-    assert cold_search_applies(replay, ms.CostModel.create("random"), 10_000)
-    assert not cold_search_applies(_cfg(cold_search="evolutionary"), ms.CostModel.create("random"), 16)
+    assert model_is_cold(xgb) and first_round_search(replay, xgb, 0) == "replay"
+    # A task with measurements (a resumed one) evolves from them.
+    assert first_round_search(replay, xgb, 16) is None
+    xgb.data_size = 100  # the shard's earlier tasks trained it: it ranks now
+    assert not model_is_cold(xgb) and first_round_search(replay, xgb, 0) is None
+    xgb.data_size = 99
+    assert first_round_search(replay, xgb, 0) == "replay"
+    assert model_is_cold(ms.CostModel.create("random"))
+
+
+@pytest.mark.tvm
+def test_a_task_tunes_one_random_round_then_evolves(topology: Topology, tmp_path: Path) -> None:
+    """A real client (the CLI) on real tasks (llvm, real RPC servers): each task's first round of 4
+    by random sampling, its other 4 trials by the evolutionary search; every trial recorded."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["trials"] = {"total": 16, "perTask": 8, "perIteration": 4}
+    doc["spec"]["clients"] = {"shards": 1, "builderWorkers": 1}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    work = tmp_path / "shard-0"
+    client = tuner(["client", "--job", str(job), "--shard", "0", "--work-dir", str(work),
+                    "--tracker", topology.tracker_addr, "--key", topology.key], tmp_path / "client.log",
+                   env={"SHARETUNE_COLD_SEARCH": "replay"})
+    assert client.popen.wait(timeout=300) == 0, client.text()[-3000:]
+    log = client.text()
+    tasks = re.findall(r"task (\S+): (\d+) trials by (\w+) search", log)
+    assert [(n, s) for _, n, s in tasks] == [("4", "replay"), ("4", "evolutionary")] * 2, log[-3000:]
+    assert records.stats(work).total == 16
+    progress = json.loads((work / "progress.json").read_text())
+    assert "EvoSearch/SampleInitPopulation" in progress["phases"]  # the later rounds evolved
 
 
 def test_the_strategies() -> None:
-    replay = search_strategy(_cfg(cold_search="replay"), cold=True)
+    replay = search_strategy(_cfg(), "replay")
     assert isinstance(replay, ms.search_strategy.ReplayTrace)
     assert replay.max_fail_count == 400  # stock 100 left ~7% of the heaviest CUDA conv's slots empty
     evo = search_strategy(_cfg(trials_per_iter=16))
@@ -64,18 +88,18 @@ def test_the_strategies() -> None:
 
 def test_lite_keeps_evolution_with_a_population_sized_to_the_batch() -> None:
     lite = _cfg(cold_search="lite", trials_per_iter=16)
-    assert cold_search_applies(lite, ms.CostModel.create("xgb", num_tuning_cores=1), 16)
-    cold = search_strategy(lite, cold=True)
+    assert first_round_search(lite, ms.CostModel.create("xgb", num_tuning_cores=1), 0) == "lite"
+    cold = search_strategy(lite, "lite")
     assert isinstance(cold, ms.search_strategy.EvolutionarySearch)
     # 2 per candidate instead of 8: the same generations over a quarter of the population
     assert cold.population_size == 32 and cold.init_min_unmeasured == 16
     assert cold.max_fail_count == 20  # as many draws before giving up as the stock 128 x 5
     assert cold.genetic_num_iters == search_strategy(lite).genetic_num_iters
-    assert search_strategy(lite, cold=False).population_size == 128  # once the model ranks: stock sizing
+    assert search_strategy(lite).population_size == 128  # later rounds: stock sizing
 
 
 def test_short_keeps_the_population_with_one_generation_while_cold() -> None:
     short = _cfg(cold_search="short", trials_per_iter=16)
-    cold = search_strategy(short, cold=True)
+    cold = search_strategy(short, "short")
     assert (cold.population_size, cold.genetic_num_iters) == (128, 1)
-    assert search_strategy(short, cold=False).genetic_num_iters == 4  # once the model ranks: stock
+    assert search_strategy(short).genetic_num_iters == 4  # later rounds: stock

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -56,9 +56,9 @@ class ClientConfig:
     clients_on_host: int = 1  # clients sharing this host's CPUs (local mode: every job's shards)
     build_service: Path | None = None  # the host's shared builder pool (build_service.py), if any
     population_size: int | None = None  # evolutionary search; None = sized to the batch
-    # The search while the cost model cannot rank candidates yet (cold_search_applies): one of
-    # COLD_SEARCHES, "evolutionary" (stock) or "auto" (DEFAULT_COLD_SEARCH for the target's kind).
-    cold_search: str = field(default_factory=lambda: os.environ.get("SHARETUNE_COLD_SEARCH", AUTO))
+    # The search of a task's first round while the cost model cannot rank candidates yet
+    # (first_round_search): one of COLD_SEARCHES or "evolutionary" (stock throughout).
+    cold_search: str = field(default_factory=lambda: os.environ.get("SHARETUNE_COLD_SEARCH", DEFAULT_COLD_SEARCH))
     session_timeout_s: int = 60
     tracker_wait_s: float = 60.0
     # One RPC session per runner worker, kept for the whole shard (runner.SessionRPCRunner), and
@@ -193,55 +193,57 @@ def plan_shard(tasks: list[Task], cfg: ClientConfig) -> ShardPlan:
                      useful_shards(bins), len(infos), len(tuned))
 
 
-# The searches a client may use while its cost model is cold (SHARETUNE_COLD_SEARCH); anything else
-# ("evolutionary") keeps stock evolutionary search sized to the batch throughout.
-#   replay: the batch sampled at random from the design space (ReplayTrace);
+# The search of a task's first round while the cost model cannot rank (SHARETUNE_COLD_SEARCH;
+# first_round_search); "evolutionary" keeps stock evolutionary search sized to the batch throughout.
+#   replay: the batch sampled at random from the design space (ReplayTrace), the default;
 #   lite:   evolutionary search with the same number of generations but a population of 2x the batch
-#           instead of 8x: with random scores the batch is a random draw from the evolved population,
-#           so its size buys nothing while sampling and mutating it costs in proportion.
+#           instead of 8x;
 #   short:  the stock population with one generation of mutation instead of four.
 COLD_SEARCHES = ("replay", "lite", "short")
+SEARCHES = ("evolutionary", *COLD_SEARCHES)
+# Measured with bench/h200/search_quality.py (every candidate of a first round timed alone, against
+# the evolutionary search's): CUDA (H200, ResNet-18's 6 heaviest tasks, 55 rounds of 16;
+# bench/results/h200-search-quality.json): a round's best 0.94x (95% interval 0.84-1.03), expected
+# best of 16 from the pooled candidates 0.99x (0.92-1.06), for 0.15x the search CPU; llvm (tiny CNN,
+# 48 rounds; cpu-search-quality.json): 0.99x (0.94-1.04) and 0.99x (0.95-1.02) for 0.03x.
+DEFAULT_COLD_SEARCH = "replay"
 LITE_POPULATION_PER_CANDIDATE = 2
-AUTO = "auto"
-# What "auto" means per target kind, as measured. CUDA (H200, bench/h200/search_quality.py: the
-# first round of ResNet-18's 6 heaviest conv tasks, 55 rounds of 16 per arm, every candidate timed
-# alone; bench/results/h200-search-quality.json): random sampling proposed candidates as fast as the
-# evolutionary search (a round's best 0.94x of evolutionary's, 95% interval 0.84-1.03; expected
-# best of 16 from the pooled candidates 0.99x, 0.92-1.06) for 0.15x its CPU. Other kinds keep the
-# evolutionary search: not measured that way on a CPU target (a two-pair end-to-end check on llvm
-# favoured evolutionary, docs/benchmarks.md).
-DEFAULT_COLD_SEARCH = {"cuda": "replay"}
 # ReplayTrace gives a batch slot up after this many invalid samples in a row (stock: 100). With 100,
 # 13 of 192 slots of ResNet-18's heaviest conv on CUDA stayed empty (lost trials: the budget counts
 # slots); 400 filled all 192 for 7% more search CPU (12 seeds).
 REPLAY_MAX_FAIL_COUNT = 400
 
 
-def resolve_cold_search(choice: str, target_kind: str) -> str:
-    """The cold search a client uses: ``choice`` (SHARETUNE_COLD_SEARCH) with "auto" resolved for
-    the target; an unknown value is a usage error naming the variable, not a silent fallback."""
-    valid = (AUTO, "evolutionary", *COLD_SEARCHES)
-    if choice not in valid:
-        raise TunerError(f"SHARETUNE_COLD_SEARCH={choice!r} is not a search: use one of {', '.join(valid)}")
-    return DEFAULT_COLD_SEARCH.get(target_kind, "evolutionary") if choice == AUTO else choice
+def check_cold_search(choice: str) -> str:
+    """``choice`` (SHARETUNE_COLD_SEARCH) if it names a search; otherwise a usage error naming the
+    variable and the choices, not a silent fallback."""
+    if choice not in SEARCHES:
+        raise TunerError(f"SHARETUNE_COLD_SEARCH={choice!r} is not a search: use one of {', '.join(SEARCHES)}")
+    return choice
 
 
-def cold_search_applies(cfg: ClientConfig, cost_model: Any, trials: int) -> bool:
-    """True when every round of a task's ``trials`` would be ranked by noise: MetaSchedule's XGB
-    model predicts uniform random scores until it holds ``num_warmup_samples`` (100) measurements,
-    and the random model always does. Evolving a population by those scores is a random walk that
-    cost each shard 20-25 s of CPU per round on the H200 (SampleInitPopulation + mutation for 16
-    candidates, against ~0.5 CPU-s to build one). Whether a cheaper search proposes candidates as
-    fast is measured by bench/h200/search_quality.py."""
-    if cfg.cold_search not in COLD_SEARCHES:
-        return False
+def model_is_cold(cost_model: Any) -> bool:
+    """True while the cost model ranks by noise: MetaSchedule's XGB model predicts uniform random
+    scores until it holds ``num_warmup_samples`` (100) measurements; the random model always does."""
     warmup = getattr(cost_model, "num_warmup_samples", None)
     if warmup is None:  # the random model (or none): never ranks
         return True
-    return int(getattr(cost_model, "data_size", 0)) + trials <= int(warmup)
+    return int(getattr(cost_model, "data_size", 0)) < int(warmup)
 
 
-def search_strategy(cfg: ClientConfig, cold: bool = False) -> Any:
+def first_round_search(cfg: ClientConfig, cost_model: Any, done: int) -> str | None:
+    """The cold search for a task's first round (None: evolutionary from the start). Evolving a
+    population ranked by noise cost each shard 20-25 s of CPU per round on the H200 and proposed no
+    faster candidates (DEFAULT_COLD_SEARCH). Only the first round: from the second on, the
+    evolutionary search's initial population starts from the task's best measured schedules (TVM's
+    ``init_measured_ratio``), which random sampling would ignore, and only first rounds were
+    measured. ``done``: the task's trials already measured (a resumed task has its first round)."""
+    if cfg.cold_search not in COLD_SEARCHES or done > 0 or not model_is_cold(cost_model):
+        return None
+    return cfg.cold_search
+
+
+def search_strategy(cfg: ClientConfig, search: str = "evolutionary") -> Any:
     """Evolutionary search sized to the batch: a round's cost grows with the population, not the
     batch, so the stock population (512) over a small batch makes search dominate a trial.
     Measured on the H200 machine (ResNet-18's heaviest conv, 16 cores): a first round takes 19.6 s
@@ -250,13 +252,13 @@ def search_strategy(cfg: ClientConfig, cold: bool = False) -> Any:
     (512 for 64); tuned ResNet-18 latency was no worse than with 32 per candidate."""
     from tvm.s_tir import meta_schedule as ms
 
-    if cold and cfg.cold_search == "replay":
+    if search == "replay":
         return ms.search_strategy.ReplayTrace(max_fail_count=REPLAY_MAX_FAIL_COUNT)
     stock = cfg.population_size or max(64, min(512, 8 * cfg.trials_per_iter))
-    if cold and cfg.cold_search == "short":
+    if search == "short":
         return ms.search_strategy.EvolutionarySearch(population_size=stock, genetic_num_iters=1,
                                                      init_min_unmeasured=min(50, stock // 2))
-    if not (cold and cfg.cold_search == "lite"):
+    if search != "lite":
         return ms.search_strategy.EvolutionarySearch(population_size=stock, init_min_unmeasured=min(50, stock // 2))
     population = max(16, LITE_POPULATION_PER_CANDIDATE * cfg.trials_per_iter)
     # The initial sampling gives up (and MetaSchedule ends the task, with no trial) after
@@ -273,7 +275,7 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     """Tunes this client's shard to completion (or resumes it) and returns the final progress."""
     from tvm.s_tir import meta_schedule as ms
 
-    cfg = replace(cfg, cold_search=resolve_cold_search(cfg.cold_search, target.kind.name))
+    check_cold_search(cfg.cold_search)
     cfg.work_dir.mkdir(parents=True, exist_ok=True)
     progress_path = cfg.work_dir / PROGRESS
     progress = Progress(cfg.job, cfg.shard, cfg.shards)
@@ -368,27 +370,36 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
             cleanup.callback(stage.close)
         phases = PhaseExport(cfg.job, cfg.shard)  # the profiler's totals span all the tasks
         for i, (task, tp) in enumerate(todo):
-            remaining = tp.budget - tp.done
-            ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-                [task.extracted], work_dir=str(cfg.work_dir / "logs"),
-                strategy=search_strategy(cfg, cold_search_applies(cfg, cost_model, remaining)),
-                num_threads=cores, seed=cfg.seed * 1000 + cfg.shard * 100 + i + tp.done)
             cost_model_update = CostModelUpdate(tp, last_task=i == len(todo) - 1)
-            if stage is not None and cfg.store_ahead is not None:
-                # The upload runs while the cost model trains (write_ahead.py).
-                ahead = WriteAhead(database, stage, ctxs[0].mod, ctxs[0].target, cfg.store_ahead, cfg.job,
-                                   str(cfg.shard))
-                callbacks = [StoreBatch(ahead), ms.measure_callback.RemoveBuildArtifact(), cost_model_update,
-                             CommitBatch(ahead)]
-            else:
-                callbacks = [ms.measure_callback.AddToDatabase(), ms.measure_callback.RemoveBuildArtifact(),
-                             cost_model_update]
-            callbacks.append(ProgressCallback(cfg, progress, tp, progress_path, phases, windows_log))
-            ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=str(cfg.work_dir / "logs"),
-                          max_trials_global=remaining, max_trials_per_task=remaining,
-                          num_trials_per_iter=min(cfg.trials_per_iter, remaining),
-                          builder=builder, runner=runner, database=database, cost_model=cost_model,
-                          measure_callbacks=callbacks, task_scheduler="round-robin")
+
+            def tune(search: str, trials: int, i: int = i, task: Task = task, tp: TaskProgress = tp,
+                     cost_model_update: CostModelUpdate = cost_model_update) -> None:
+                log.info("task %s: %d trials by %s search", task.info.name, trials, search)
+                ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+                    [task.extracted], work_dir=str(cfg.work_dir / "logs"), strategy=search_strategy(cfg, search),
+                    num_threads=cores, seed=cfg.seed * 1000 + cfg.shard * 100 + i + tp.done)
+                if stage is not None and cfg.store_ahead is not None:
+                    # The upload runs while the cost model trains (write_ahead.py).
+                    ahead = WriteAhead(database, stage, ctxs[0].mod, ctxs[0].target, cfg.store_ahead, cfg.job,
+                                       str(cfg.shard))
+                    callbacks = [StoreBatch(ahead), ms.measure_callback.RemoveBuildArtifact(), cost_model_update,
+                                 CommitBatch(ahead)]
+                else:
+                    callbacks = [ms.measure_callback.AddToDatabase(), ms.measure_callback.RemoveBuildArtifact(),
+                                 cost_model_update]
+                callbacks.append(ProgressCallback(cfg, progress, tp, progress_path, phases, windows_log))
+                ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=str(cfg.work_dir / "logs"),
+                              max_trials_global=trials, max_trials_per_task=trials,
+                              num_trials_per_iter=min(cfg.trials_per_iter, trials),
+                              builder=builder, runner=runner, database=database, cost_model=cost_model,
+                              measure_callbacks=callbacks, task_scheduler="round-robin")
+
+            cold = first_round_search(cfg, cost_model, tp.done)
+            if cold is not None:
+                tune(cold, min(cfg.trials_per_iter, tp.budget - tp.done))
+            # Counted again after the cold round: slots it could not fill go to the evolutionary search.
+            if tp.budget - tp.done > 0:
+                tune("evolutionary", tp.budget - tp.done)
         progress.phases = {k: round(float(v), 3) for k, v in prof.get().items()}
     log.info("where the time went:\n%s", prof.table())
     if hasattr(builder, "remote_builds"):  # RemoteBuilder: where this shard's candidates were built
