@@ -369,37 +369,37 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
             stage = RecordLines(cfg.work_dir)
             cleanup.callback(stage.close)
         phases = PhaseExport(cfg.job, cfg.shard)  # the profiler's totals span all the tasks
-        for i, (task, tp) in enumerate(todo):
+
+        def tune(i: int, task: Task, tp: TaskProgress, search: str, trials: int) -> None:
+            """``trials`` more of ``task`` (the shard's i-th) by ``search``: one ``tune_tasks`` call."""
+            log.info("task %s: %d trials by %s search", task.info.name, trials, search)
+            ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+                [task.extracted], work_dir=str(cfg.work_dir / "logs"), strategy=search_strategy(cfg, search),
+                num_threads=cores, seed=cfg.seed * 1000 + cfg.shard * 100 + i + tp.done)
             cost_model_update = CostModelUpdate(tp, last_task=i == len(todo) - 1)
+            if stage is not None and cfg.store_ahead is not None:
+                # The upload runs while the cost model trains (write_ahead.py).
+                ahead = WriteAhead(database, stage, ctxs[0].mod, ctxs[0].target, cfg.store_ahead, cfg.job,
+                                   str(cfg.shard))
+                callbacks = [StoreBatch(ahead), ms.measure_callback.RemoveBuildArtifact(), cost_model_update,
+                             CommitBatch(ahead)]
+            else:
+                callbacks = [ms.measure_callback.AddToDatabase(), ms.measure_callback.RemoveBuildArtifact(),
+                             cost_model_update]
+            callbacks.append(ProgressCallback(cfg, progress, tp, progress_path, phases, windows_log))
+            ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=str(cfg.work_dir / "logs"),
+                          max_trials_global=trials, max_trials_per_task=trials,
+                          num_trials_per_iter=min(cfg.trials_per_iter, trials),
+                          builder=builder, runner=runner, database=database, cost_model=cost_model,
+                          measure_callbacks=callbacks, task_scheduler="round-robin")
 
-            def tune(search: str, trials: int, i: int = i, task: Task = task, tp: TaskProgress = tp,
-                     cost_model_update: CostModelUpdate = cost_model_update) -> None:
-                log.info("task %s: %d trials by %s search", task.info.name, trials, search)
-                ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-                    [task.extracted], work_dir=str(cfg.work_dir / "logs"), strategy=search_strategy(cfg, search),
-                    num_threads=cores, seed=cfg.seed * 1000 + cfg.shard * 100 + i + tp.done)
-                if stage is not None and cfg.store_ahead is not None:
-                    # The upload runs while the cost model trains (write_ahead.py).
-                    ahead = WriteAhead(database, stage, ctxs[0].mod, ctxs[0].target, cfg.store_ahead, cfg.job,
-                                       str(cfg.shard))
-                    callbacks = [StoreBatch(ahead), ms.measure_callback.RemoveBuildArtifact(), cost_model_update,
-                                 CommitBatch(ahead)]
-                else:
-                    callbacks = [ms.measure_callback.AddToDatabase(), ms.measure_callback.RemoveBuildArtifact(),
-                                 cost_model_update]
-                callbacks.append(ProgressCallback(cfg, progress, tp, progress_path, phases, windows_log))
-                ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=str(cfg.work_dir / "logs"),
-                              max_trials_global=trials, max_trials_per_task=trials,
-                              num_trials_per_iter=min(cfg.trials_per_iter, trials),
-                              builder=builder, runner=runner, database=database, cost_model=cost_model,
-                              measure_callbacks=callbacks, task_scheduler="round-robin")
-
+        for i, (task, tp) in enumerate(todo):
             cold = first_round_search(cfg, cost_model, tp.done)
             if cold is not None:
-                tune(cold, min(cfg.trials_per_iter, tp.budget - tp.done))
+                tune(i, task, tp, cold, min(cfg.trials_per_iter, tp.budget - tp.done))
             # Counted again after the cold round: slots it could not fill go to the evolutionary search.
             if tp.budget - tp.done > 0:
-                tune("evolutionary", tp.budget - tp.done)
+                tune(i, task, tp, "evolutionary", tp.budget - tp.done)
         progress.phases = {k: round(float(v), 3) for k, v in prof.get().items()}
     log.info("where the time went:\n%s", prof.table())
     if hasattr(builder, "remote_builds"):  # RemoteBuilder: where this shard's candidates were built
