@@ -20,6 +20,17 @@ from ..helpers import wait_for
 EXAMPLE = Path(__file__).parents[2] / "examples" / "tiny-cpu.yaml"
 
 
+def example_job(tmp_path: Path, **spec_over: object) -> Path:
+    """The quickstart's TuningJob with top-level ``spec`` fields replaced, written to tmp_path."""
+    import yaml
+
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"].update(spec_over)
+    p = tmp_path / "job.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
 @dataclass
 class Spawned:
     """A tuner process (a ``ProcessGroup``) whose ``stop`` sends a chosen signal to its group and

@@ -12,7 +12,6 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 from tvm.s_tir import meta_schedule as ms
 
 from sharetune_tuner import records
@@ -20,7 +19,7 @@ from sharetune_tuner import records
 from sharetune_tuner.client import ClientConfig, check_cold_search, first_round_search, model_is_cold, search_strategy
 from sharetune_tuner.errors import TunerError
 
-from .conftest import EXAMPLE, Topology, tuner
+from .conftest import Topology, example_job, tuner
 
 
 def _cfg(**kw: object) -> ClientConfig:
@@ -60,11 +59,8 @@ def test_only_a_first_round_ranked_by_noise_is_sampled_at_random() -> None:
 def test_a_task_tunes_one_random_round_then_evolves(topology: Topology, tmp_path: Path) -> None:
     """A real client (the CLI) on real tasks (llvm, real RPC servers): each task's first round of 4
     by random sampling, its other 4 trials by the evolutionary search; every trial recorded."""
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["spec"]["trials"] = {"total": 16, "perTask": 8, "perIteration": 4}
-    doc["spec"]["clients"] = {"shards": 1, "builderWorkers": 1}
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(doc))
+    job = example_job(tmp_path, trials={"total": 16, "perTask": 8, "perIteration": 4},
+                      clients={"shards": 1, "builderWorkers": 1})
     work = tmp_path / "shard-0"
     client = tuner(["client", "--job", str(job), "--shard", "0", "--work-dir", str(work),
                     "--tracker", topology.tracker_addr, "--key", topology.key], tmp_path / "client.log",

@@ -15,7 +15,7 @@ from sharetune_tuner.errors import ModelError, TargetError  # noqa: E402
 from sharetune_tuner.targets import make_target  # noqa: E402
 from sharetune_tuner.tasks import extract  # noqa: E402
 
-from .conftest import EXAMPLE  # noqa: E402
+from .conftest import EXAMPLE, example_job  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 
@@ -85,24 +85,14 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
                           text=True, timeout=timeout)
 
 
-def job(tmp_path: Path, **spec_over: object) -> Path:
-    import yaml
-
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["spec"].update(spec_over)
-    p = tmp_path / "job.yaml"
-    p.write_text(yaml.safe_dump(doc))
-    return p
-
-
 def test_cli_errors_have_messages_and_exit_codes(tmp_path: Path) -> None:
-    r = run_cli("client", "--job", str(job(tmp_path, model={"name": "nope"})), "--work-dir", str(tmp_path / "w"))
+    r = run_cli("client", "--job", str(example_job(tmp_path, model={"name": "nope"})), "--work-dir", str(tmp_path / "w"))
     assert r.returncode == 3 and "unknown built-in model 'nope'" in r.stderr and "Traceback" not in r.stderr
-    r = run_cli("client", "--job", str(job(tmp_path, target="tpu")), "--work-dir", str(tmp_path / "w"))
+    r = run_cli("client", "--job", str(example_job(tmp_path, target="tpu")), "--work-dir", str(tmp_path / "w"))
     assert r.returncode == 2 and "spec.target: 'tpu' is not one of llvm, cuda" in r.stderr
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not onnx")
-    r = run_cli("client", "--job", str(job(tmp_path, model={"onnx": {"path": str(bad)}})), "--work-dir", str(tmp_path / "w"))
+    r = run_cli("client", "--job", str(example_job(tmp_path, model={"onnx": {"path": str(bad)}})), "--work-dir", str(tmp_path / "w"))
     assert r.returncode == 3 and "is not a valid ONNX model" in r.stderr
     # No tracker listening: a clear error after the wait, not a hang or a traceback.
     r = run_cli("client", "--job", str(EXAMPLE), "--work-dir", str(tmp_path / "w"), "--tracker", "127.0.0.1:9",
@@ -122,7 +112,7 @@ def test_mps_daemon_without_mps_fails_clearly() -> None:
 def test_local_run_without_mps_stops_at_the_daemon_with_its_error(tmp_path: Path) -> None:
     """A GPU job in local mode on a host without MPS: the run stops as soon as the MPS daemon
     exits, with the daemon's own error, and starts no server without MPS."""
-    spec = job(tmp_path, target="cuda", servers={"replicas": 2, "threadPercentage": 50})
+    spec = example_job(tmp_path, target="cuda", servers={"replicas": 2, "threadPercentage": 50})
     r = subprocess.run([sys.executable, "-m", "sharetune.cli", "run", str(spec), "--local", "--workdir",
                         str(tmp_path / "w")], capture_output=True, text=True, timeout=60)
     out = r.stdout + r.stderr

@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from rich.console import Console
 
-from .conftest import EXAMPLE
+from .conftest import example_job
 
 pytestmark = pytest.mark.tvm
 
@@ -28,11 +27,7 @@ FAST_TASK = "fused_conv2d2_add1_relu1"  # the heaviest conv
 def _spec(tmp_path: Path) -> Any:
     from sharetune.api.spec import load_job
 
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["spec"]["trials"] = {"total": 2, "perTask": 1, "perIteration": 1}  # far too small to win
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(doc))
-    return load_job(job)
+    return load_job(example_job(tmp_path, trials={"total": 2, "perTask": 1, "perIteration": 1}))  # far too small to win
 
 
 def _record_shard(spec: Any, shard: Path, schedules: dict[str, Any]) -> None:

@@ -7,21 +7,17 @@ import signal
 from pathlib import Path
 
 import pytest
-import yaml
 
 from sharetune_tuner import records
 
-from .conftest import EXAMPLE, Topology, tuner, wait_until
+from .conftest import Topology, example_job, tuner, wait_until
 
 pytestmark = pytest.mark.tvm
 
 
 def test_kill9_then_resume(topology: Topology, tmp_path: Path) -> None:
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["spec"]["trials"] = {"total": 20, "perTask": 8, "perIteration": 2}
-    doc["spec"]["clients"] = {"shards": 1, "builderWorkers": 1}
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(doc))
+    job = example_job(tmp_path, trials={"total": 20, "perTask": 8, "perIteration": 2},
+                      clients={"shards": 1, "builderWorkers": 1})
     work = tmp_path / "shard-0"
     args = ["client", "--job", str(job), "--shard", "0", "--work-dir", str(work),
             "--tracker", topology.tracker_addr, "--key", topology.key]
