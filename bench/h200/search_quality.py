@@ -37,19 +37,20 @@ import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from common import RESULTS, RUN_ROOT, heaviest, log, parse_cpus
 
 ARMS = ("evolutionary", "lite", "short", "replay")
+# The client's measurement (client.run_client): what a trial's latency means in every cell.
+EVALUATOR = {"number": 3, "repeat": 1, "min_repeat_ms": 20}
 
 
 def results_name(target: str) -> str:
     """h200-search-quality (CUDA, the H200) or cpu-search-quality (llvm, the machine it runs on)."""
     return f"{'h200' if target == 'cuda' else 'cpu'}-search-quality"
-# The client's measurement (client.run_client): what a trial's latency means in every cell.
-EVALUATOR = {"number": 3, "repeat": 1, "min_repeat_ms": 20}
 
 
 def _cands_root(a: argparse.Namespace) -> Path:
@@ -207,11 +208,11 @@ def measure(a: argparse.Namespace) -> int:
             built = builder.build([ms.builder.BuilderInput(c.sch.mod, target) for _, _, c in cands])
             t_built = time.monotonic()
             ok = [(arm, i, c, b) for (arm, i, c), b in zip(cands, built) if b.error_msg is None]
-            # The first candidate of each arm is timed twice: at its place and again at the end.
-            again = {}
-            for arm, i, c, b in ok:
-                again.setdefault(arm, (arm, i, c, b))
-            order = ok + list(again.values())
+            # The first candidate of each arm (its index in ok) is timed twice: at its place and again at the end.
+            first: dict[str, int] = {}
+            for j, (arm, _, _, _) in enumerate(ok):
+                first.setdefault(arm, j)
+            order = ok + [ok[j] for j in first.values()]
             futs = runner.run([ms.runner.RunnerInput(b.artifact_path, dev_type, c.args_info) for _, _, c, b in order])
             results = [f.result() for f in futs]
             lat = [_us(r) for r in results]
@@ -230,7 +231,7 @@ def measure(a: argparse.Namespace) -> int:
                                     "build_errors": sum(1 for (ar, _, _), b in zip(cands, built)
                                                         if ar == arm and b.error_msg is not None),
                                     "us": [mine[i] for i in sorted(mine)]}
-            row["remeasured"] = [[lat[order.index(x)], us] for x, us in zip(again.values(), lat[len(ok):])]
+            row["remeasured"] = [[lat[j], us] for j, us in zip(first.values(), lat[len(ok):])]
             append_cell(results_name(a.target) + ".jsonl", row)
             for b in built:
                 if b.artifact_path:
@@ -265,43 +266,29 @@ def expected_best(xs: list[float], k: int) -> float:
     return total
 
 
-def _gm(xs: list[float]) -> float:
-    return statistics.geometric_mean(xs)
+_gm = statistics.geometric_mean
 
 
-def _boot(pairs: dict[int, list[float]], n: int = 4000) -> tuple[float, float]:
-    """95% bootstrap interval of the geometric mean of ratios, resampling whole seeds (the tasks
-    of one seed ran in one process, so seeds are the independent unit)."""
-    seeds = sorted(pairs)
-    rng = random.Random(0)
-    gms = []
-    for _ in range(n):
-        pick = [r for s in (rng.choice(seeds) for _ in seeds) for r in pairs[s]]
-        gms.append(_gm(pick))
-    gms.sort()
-    return gms[int(0.025 * n)], gms[int(0.975 * n) - 1]
-
-
-def _boot_expected(rows: list[dict[str, Any]], arm: str, batch: int, n: int = 1000) -> tuple[float, float]:
-    """95% bootstrap interval (seeds resampled) of the geometric mean over tasks of the arm's
-    expected best-of-batch over evolutionary's, both from the resampled seeds' pooled candidates."""
-    by_seed: dict[int, list[dict[str, Any]]] = {}
-    for r in rows:
-        by_seed.setdefault(r["seed"], []).append(r)
+def _bootstrap(by_seed: dict[int, list[Any]], stat: Callable[[list[Any]], float], n: int,
+               seed: int) -> tuple[float, float]:
+    """95% bootstrap interval of ``stat`` over the items of resampled seeds: whole seeds are
+    resampled (the tasks of one seed ran in one process, so seeds are the independent unit)."""
     seeds = sorted(by_seed)
-    rng = random.Random(1)
-    out = []
-    for _ in range(n):
-        pick = [r for s in (rng.choice(seeds) for _ in seeds) for r in by_seed[s]]
-        ratios = []
-        for t in {r["task"] for r in pick}:
-            mine = [x for r in pick if r["task"] == t for x in r["arms"][arm]["us"] if x is not None]
-            base = [x for r in pick if r["task"] == t for x in r["arms"]["evolutionary"]["us"] if x is not None]
-            if mine and base:
-                ratios.append(expected_best(mine, batch) / expected_best(base, batch))
-        out.append(_gm(ratios))
-    out.sort()
+    rng = random.Random(seed)
+    out = sorted(stat([x for s in (rng.choice(seeds) for _ in seeds) for x in by_seed[s]]) for _ in range(n))
     return out[int(0.025 * n)], out[int(0.975 * n) - 1]
+
+
+def _expected_ratio(rows: list[dict[str, Any]], arm: str, batch: int) -> float:
+    """Geometric mean over tasks of the arm's expected best-of-batch over evolutionary's, both from
+    the pooled candidates of ``rows``."""
+    ratios = []
+    for t in {r["task"] for r in rows}:
+        mine = [x for r in rows if r["task"] == t for x in r["arms"][arm]["us"] if x is not None]
+        base = [x for r in rows if r["task"] == t for x in r["arms"]["evolutionary"]["us"] if x is not None]
+        if mine and base:
+            ratios.append(expected_best(mine, batch) / expected_best(base, batch))
+    return _gm(ratios)
 
 
 def summarize(a: argparse.Namespace) -> dict[str, Any]:
@@ -312,6 +299,9 @@ def summarize(a: argparse.Namespace) -> dict[str, Any]:
     arms = [x for x in ARMS if all(x in r["arms"] for r in rows)]
     tasks = sorted({(r["task"], r["task_name"]) for r in rows})
     per_task: dict[str, Any] = {}
+    rows_by_seed: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        rows_by_seed.setdefault(r["seed"], []).append(r)
     pooled: dict[str, dict[int, list[float]]] = {arm: {} for arm in arms}
     for r in rows:
         for arm in arms:
@@ -332,7 +322,7 @@ def summarize(a: argparse.Namespace) -> dict[str, Any]:
             if mine and base:
                 best_pairs.setdefault(r["seed"], []).append(min(mine) / min(base))
         flat = [x for v in best_pairs.values() for x in v]
-        lo, hi = _boot(best_pairs) if len(best_pairs) > 1 else (None, None)
+        lo, hi = _bootstrap(best_pairs, _gm, 4000, 0) if len(best_pairs) > 1 else (None, None)
         exp_ratio = [expected_best(pooled[arm][t], batch) / expected_best(pooled["evolutionary"][t], batch)
                      for t, _ in tasks if pooled[arm].get(t) and pooled["evolutionary"].get(t)]
         med_ratio = [statistics.median(pooled[arm][t]) / statistics.median(pooled["evolutionary"][t])
@@ -345,7 +335,8 @@ def summarize(a: argparse.Namespace) -> dict[str, Any]:
             "best_of_batch_vs_evolutionary_ci95": [round(lo, 4), round(hi, 4)] if lo else None,
             "best_of_batch_vs_evolutionary_worst": round(max(flat), 4) if flat else None,
             "expected_best_vs_evolutionary_geomean": round(_gm(exp_ratio), 4) if exp_ratio else None,
-            "expected_best_vs_evolutionary_ci95": [round(x, 4) for x in _boot_expected(rows, arm, batch)]
+            "expected_best_vs_evolutionary_ci95": [round(x, 4) for x in _bootstrap(
+                rows_by_seed, lambda pick: _expected_ratio(pick, arm, batch), 1000, 1)]  # noqa: B023 (used at once)
             if len(best_pairs) > 1 else None,
             "median_vs_evolutionary_geomean": round(_gm(med_ratio), 4) if med_ratio else None,
             "search_cpu_s_median": round(statistics.median(cpu), 2), "search_s_median": round(statistics.median(wall), 2),
