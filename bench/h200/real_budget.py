@@ -60,13 +60,11 @@ TOTAL = 20000  # TLCBench's ResNet-50 budget: no arm exhausts it in a 9-minute w
 # workers bring the runner's share below the builder's; more add GPU time-slicing between
 # unshared contexts (no MPS) to the measurements for little gain.
 STOCK_TUNED_SERVERS = 4
-# sharetune: the headline topology (rounds r4-r7), and its per-task cap. The client tunes its
-# shard's tasks one after the other, each up to its budget, so with perTask = total the first task
-# of each shard would take the whole window; 64 per task (4 rounds of 16, one stock batch) spreads
-# the window over the tasks, and 34 x 64 = 2,176 (ResNet-50; MobileNet-V2 46 x 64) is still more
-# than the r4-r7 rate (1-3 trials/s) measures in 9 minutes. An arm that finishes early says so
-# (``exhausted``): rerun it with a larger --per-task.
-ST_CLIENTS, ST_SERVERS, ST_PCT, ST_PER_ITER, ST_PER_TASK = 6, 6, 50, 16, 64
+# sharetune: the headline topology (rounds r4-r7). No per-task cap below the budget, as for the
+# stock arms: a client tunes its shard's tasks together (round-robin, capped_search.py), every task
+# a round before any gets a second, with budgets in proportion to each task's cost
+# (partition.budgets). An arm that finishes early says so (``exhausted``).
+ST_CLIENTS, ST_SERVERS, ST_PCT, ST_PER_ITER, ST_PER_TASK = 6, 6, 50, 16, TOTAL
 DEFAULT_CHECKPOINTS = "30,60,120,180,240,300,360,420,480,540"
 TTQ_TOLERANCE = 0.02  # "reached" a latency: within 2% of it (timing noise between two models)
 
@@ -129,9 +127,10 @@ def knobs(a: argparse.Namespace, cores: int) -> dict[str, Any]:
     return {**base, "clients": a.clients, "servers": a.servers, "thread_pct": a.pct, "mps": a.target == "cuda",
             "per_iteration": a.per_iter, "per_task": a.per_task,
             "builder": "one build service for all clients (PooledBuilder, host's cores)",
-            "runner": "SessionRPCRunner", "search": ("client default: while a task's rounds are all ranked by a cold cost model "
-                                                 f"{'replay (cuda)' if a.target == 'cuda' else 'evolutionary'}, "
-                                                 "then evolutionary, 8 x batch population"),
+            "runner": "SessionRPCRunner",
+            "search": ("client default: a shard's tasks round-robin in one tune_tasks call; each task's first round "
+                       "by random sampling (replay) while the cost model is cold, then evolutionary, 8 x batch "
+                       "population"),
             "cost_model": "xgb"}
 
 
@@ -541,7 +540,8 @@ def summarize(a: argparse.Namespace) -> int:
                      "stock-tuned": f"the same with a tracker and N={STOCK_TUNED_SERVERS} RPC servers on the GPU "
                                     "(no MPS), RPCRunner(max_workers=N), LocalBuilder(max_workers=cores)",
                      "sharetune": f"local-mode topology: {ST_CLIENTS} clients, {ST_SERVERS} servers at {ST_PCT}% "
-                                  f"under MPS, {ST_PER_ITER} per round, per-task cap {ST_PER_TASK}"},
+                                  f"under MPS, {ST_PER_ITER} per round, a shard's tasks round-robin, no per-task cap "
+                                  "below the budget (budgets in proportion to cost)"},
             "budget": f"{TOTAL} trials, whole model, not exhausted within the window (each arm says "
                       "stopped_at_window)",
             "window": "each arm one device command; wall time from the first process started (start-up included)",

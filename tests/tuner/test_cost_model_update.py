@@ -60,10 +60,11 @@ class CountDone(ms.measure_callback.PyMeasureCallback):
         self.task.done += len(measure_candidates)
 
 
-def tune(work_dir: Path, last_task: bool) -> list[int]:
+def tune(work_dir: Path, shard_budget: int) -> list[int]:
     mod = tvm.IRModule({"main": te.create_prim_func(te_workload.matmul(64, 64, 64))})
     target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
     task = TaskProgress("matmul", "h", BUDGET, 0, None)
+    shard = TaskProgress("shard", "-", shard_budget, 0, None)  # the client passes its Progress
     model = CountingModel()
     ctx = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply",
                          search_strategy=ms.search_strategy.EvolutionarySearch(population_size=16,
@@ -74,7 +75,7 @@ def tune(work_dir: Path, last_task: bool) -> list[int]:
                   builder=ms.builder.LocalBuilder(max_workers=2), runner=ms.runner.LocalRunner(),
                   database=ms.database.MemoryDatabase(), cost_model=model,
                   measure_callbacks=[ms.measure_callback.AddToDatabase(),
-                                     CostModelUpdate(task, last_task=last_task), CountDone(task)],
+                                     CostModelUpdate(shard), CountDone(task), CountDone(shard)],
                   task_scheduler="round-robin")
     assert task.done == BUDGET
     return model.updates
@@ -83,8 +84,9 @@ def tune(work_dir: Path, last_task: bool) -> list[int]:
 # Counted: the update calls. Each call gets only the batch's candidates that built and ran
 # (UpdateCostModel prunes failed ones): on a loaded machine a LocalRunner timeout made one [0].
 def test_the_shards_last_batch_does_not_train_the_cost_model(tmp_path: Path) -> None:
-    assert len(tune(tmp_path / "last", last_task=True)) == 1
+    assert len(tune(tmp_path / "last", shard_budget=BUDGET)) == 1
 
 
-def test_batches_before_a_later_task_still_train_it(tmp_path: Path) -> None:
-    assert len(tune(tmp_path / "middle", last_task=False)) == 2
+def test_batches_before_the_shards_last_still_train_it(tmp_path: Path) -> None:
+    # the shard has more trials to measure after this task's: its last batch trains the model too
+    assert len(tune(tmp_path / "middle", shard_budget=2 * BUDGET)) == 2

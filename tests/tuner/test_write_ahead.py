@@ -38,7 +38,7 @@ def _tune(db_dir: Path, store_ahead: Any) -> None:
                                                                                init_min_unmeasured=8),
                          task_name="matmul", num_threads=2, rand_state=1)
     stage = RecordLines(db_dir)
-    ahead = WriteAhead(database, stage, ctx.mod, ctx.target, store_ahead, "wa-test", "0")
+    ahead = WriteAhead(database, stage, [ctx], store_ahead, "wa-test", "0")
     try:
         ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=str(db_dir / "logs"), max_trials_global=BUDGET,
                       max_trials_per_task=BUDGET, num_trials_per_iter=PER_ITER,

@@ -2,7 +2,7 @@
 (like ``builder.PooledBuilder``): ``@derived_object`` builds the Python instance from the
 constructor's arguments, and MetaSchedule calls its ``apply`` after each measured batch.
 
-  ProgressCallback   counts a task's trials, its best latency and the phases into progress + /metrics
+  ProgressCallback   counts each task's trials, its best latency and the phases into progress + /metrics
   CostModelUpdate    stock ``UpdateCostModel``, except after the shard's very last batch
   StoreBatch, CommitBatch   stock ``AddToDatabase`` split around the cost-model update, storing
                      each batch before the database commits it (write_ahead.py); they share a
@@ -70,19 +70,20 @@ def count_windows(progress: Progress, entries: list[dict[str, Any]]) -> None:
 
 @derived_object
 class ProgressCallback(ms.measure_callback.PyMeasureCallback):
-    """After each batch of ``task``: its trials, errors and best latency into ``progress``
-    (written to ``path``) and /metrics, then ``cfg.on_round`` (the sync uploads the progress)."""
+    """After each batch of task ``task_id`` (``tasks[task_id]``: the ``tune_tasks`` call's tasks in
+    order): its trials, errors and best latency into ``progress`` (written to ``path``) and
+    /metrics, then ``cfg.on_round`` (the sync uploads the progress)."""
 
-    def __init__(self, cfg: ClientConfig, progress: Progress, task: TaskProgress, path: Path,
+    def __init__(self, cfg: ClientConfig, progress: Progress, tasks: list[TaskProgress], path: Path,
                  phases: PhaseExport | None = None, windows: MeasureLog | None = None) -> None:
         super().__init__()
-        self.cfg, self.progress, self.task, self.path = cfg, progress, task, path
+        self.cfg, self.progress, self.tasks, self.path = cfg, progress, tasks, path
         self.phases = phases or PhaseExport(cfg.job, cfg.shard)
         self.windows = windows
 
     def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any,
               builder_results: Any, runner_results: Any) -> None:
-        cfg, progress, task = self.cfg, self.progress, self.task
+        cfg, progress, task = self.cfg, self.progress, self.tasks[task_id]
         shard = str(cfg.shard)
         for b, r in zip(builder_results, runner_results):
             if b.error_msg is not None:
@@ -118,22 +119,24 @@ class ProgressCallback(ms.measure_callback.PyMeasureCallback):
 class CostModelUpdate(ms.measure_callback.PyMeasureCallback):
     """Stock ``UpdateCostModel``, except after the shard's final batch: nothing searches after it,
     so training the cost model on it (xgb, ~2 s per client on the H200 machine) would only delay
-    the shard's end. Runs before the progress callback, so ``task.done`` excludes this batch."""
+    the shard's end. ``shard`` counts the shard's trials (``done`` of ``budget``; the client's
+    Progress) and is updated after this callback (by the progress callback), so ``done``
+    excludes this batch."""
 
-    def __init__(self, task: TaskProgress, last_task: bool) -> None:
+    def __init__(self, shard: Progress | TaskProgress) -> None:
         super().__init__()
-        self.task, self.last_task = task, last_task
+        self.shard = shard
         self.update = ms.measure_callback.UpdateCostModel()
 
     def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any,
               builder_results: Any, runner_results: Any) -> None:
-        if self.last_task and self.task.done + len(measure_candidates) >= self.task.budget:
+        if self.shard.done + len(measure_candidates) >= self.shard.budget:
             return
         self.update.apply(task_scheduler, task_id, measure_candidates, builder_results, runner_results)
 
 
 class WriteAhead:
-    """Stock ``AddToDatabase`` for one task's ``tune_tasks`` (``mod``, ``target``), split in two
+    """Stock ``AddToDatabase`` for a ``tune_tasks`` call over ``ctxs``, split in two
     measure callbacks that share this: ``StoreBatch`` makes the batch's records and starts storing
     them, ``CommitBatch`` waits for the store and commits them. Put the cost-model update between
     the two: the upload (~50 ms per 1,000 records held, to a local S3) then runs while the cost
@@ -141,9 +144,9 @@ class WriteAhead:
     makes the lines for ``database``'s directory; ``job``/``shard`` label the wait in
     ``sharetune_write_ahead_seconds``."""
 
-    def __init__(self, database: Any, stage: RecordLines, mod: Any, target: Any, store_ahead: StoreAhead,
+    def __init__(self, database: Any, stage: RecordLines, ctxs: list[Any], store_ahead: StoreAhead,
                  job: str = "", shard: str = "") -> None:
-        self.database, self.stage, self.mod, self.target = database, stage, mod, target
+        self.database, self.stage, self.ctxs = database, stage, ctxs
         self.store_ahead, self.job, self.shard = store_ahead, job, shard
         # Batches being stored, not yet committed: (records, wait for the store).
         self.pending: list[tuple[list[Any], Callable[[], bool]]] = []
@@ -158,7 +161,8 @@ class StoreBatch(ms.measure_callback.PyMeasureCallback):
     def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any,
               builder_results: Any, runner_results: Any) -> None:
         a = self.ahead
-        batch = tuning_records(a.database, a.mod, a.target, measure_candidates, runner_results)
+        ctx = a.ctxs[task_id]
+        batch = tuning_records(a.database, ctx.mod, ctx.target, measure_candidates, runner_results)
         a.pending.append((batch, a.store_ahead(a.stage.lines(batch))))
 
 

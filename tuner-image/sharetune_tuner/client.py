@@ -24,6 +24,7 @@ from sharetune.api.topology import PROGRESS_FILE
 
 from . import measure_window, metrics, records
 from .builder import PooledBuilder
+from .capped_search import CappedSearch, Measured
 from .callbacks import CommitBatch, CostModelUpdate, PhaseExport, ProgressCallback, StoreBatch, WriteAhead
 from .cpus import cost_model_threads, default_builder_workers
 from .errors import TrackerError, TunerError
@@ -370,36 +371,59 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
             cleanup.callback(stage.close)
         phases = PhaseExport(cfg.job, cfg.shard)  # the profiler's totals span all the tasks
 
-        def tune(i: int, task: Task, tp: TaskProgress, search: str, trials: int) -> None:
-            """``trials`` more of ``task`` (the shard's i-th) by ``search``: one ``tune_tasks`` call."""
-            log.info("task %s: %d trials by %s search", task.info.name, trials, search)
-            ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-                [task.extracted], work_dir=str(cfg.work_dir / "logs"), strategy=search_strategy(cfg, search),
-                num_threads=cores, seed=cfg.seed * 1000 + cfg.shard * 100 + i + tp.done)
-            cost_model_update = CostModelUpdate(tp, last_task=i == len(todo) - 1)
+        # Per task of todo: the candidates measured in this process (CappedSearch drops them again).
+        measured = [Measured() for _ in todo]
+
+        def tune(group: list[tuple[int, int]], search: str) -> None:
+            """One ``tune_tasks`` call over ``group`` ((index in todo, trials it gets here)), each
+            task held to its own trials (CappedSearch) and interleaved round-robin."""
+            ctxs: list[Any] = []
+            tps: list[TaskProgress] = []
+            weights: list[float] = []
+            for i, trials in group:
+                task, tp = todo[i]
+                log.info("task %s: %d trials by %s search", task.info.name, trials, search)
+                strategy = CappedSearch(search_strategy(cfg, search), trials, measured[i])
+                c, w = ms.relax_integration.extracted_tasks_to_tune_contexts(
+                    [task.extracted], work_dir=str(cfg.work_dir / "logs"), strategy=strategy, num_threads=cores,
+                    seed=cfg.seed * 1000 + cfg.shard * 100 + i + tp.done)
+                ctxs += c
+                weights += w
+                tps += [tp] * len(c)  # none when TVM skips an already-scheduled task
+            if not ctxs:
+                return
             if stage is not None and cfg.store_ahead is not None:
                 # The upload runs while the cost model trains (write_ahead.py).
-                ahead = WriteAhead(database, stage, ctxs[0].mod, ctxs[0].target, cfg.store_ahead, cfg.job,
-                                   str(cfg.shard))
-                callbacks = [StoreBatch(ahead), ms.measure_callback.RemoveBuildArtifact(), cost_model_update,
+                ahead = WriteAhead(database, stage, ctxs, cfg.store_ahead, cfg.job, str(cfg.shard))
+                callbacks = [StoreBatch(ahead), ms.measure_callback.RemoveBuildArtifact(), CostModelUpdate(progress),
                              CommitBatch(ahead)]
             else:
                 callbacks = [ms.measure_callback.AddToDatabase(), ms.measure_callback.RemoveBuildArtifact(),
-                             cost_model_update]
-            callbacks.append(ProgressCallback(cfg, progress, tp, progress_path, phases, windows_log))
+                             CostModelUpdate(progress)]
+            callbacks.append(ProgressCallback(cfg, progress, tps, progress_path, phases, windows_log))
+            # Every task's cap is its CappedSearch's; the scheduler's own limits only must not bind.
+            most = max(trials for _, trials in group)
             ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=str(cfg.work_dir / "logs"),
-                          max_trials_global=trials, max_trials_per_task=trials,
-                          num_trials_per_iter=min(cfg.trials_per_iter, trials),
+                          max_trials_global=sum(trials for _, trials in group), max_trials_per_task=most,
+                          num_trials_per_iter=min(cfg.trials_per_iter, most),
                           builder=builder, runner=runner, database=database, cost_model=cost_model,
                           measure_callbacks=callbacks, task_scheduler="round-robin")
 
-        for i, (task, tp) in enumerate(todo):
-            cold = first_round_search(cfg, cost_model, tp.done)
-            if cold is not None:
-                tune(i, task, tp, cold, min(cfg.trials_per_iter, tp.budget - tp.done))
-            # Counted again after the cold round: slots it could not fill go to the evolutionary search.
-            if tp.budget - tp.done > 0:
-                tune(i, task, tp, "evolutionary", tp.budget - tp.done)
+        # All of the shard's tasks in one call: round-robin gives every task a round before any
+        # gets a second (the whole model improves from the start, not task after task) and
+        # measures one task's batch while the next one searches and builds (capped_search.py).
+        # First, while the cost model cannot rank, each new task's first round by the cold search.
+        cold = [(i, min(cfg.trials_per_iter, tp.budget - tp.done)) for i, (_, tp) in enumerate(todo)
+                if first_round_search(cfg, cost_model, tp.done) is not None]
+        if cold:
+            tune(cold, cfg.cold_search)
+        # Counted again after the cold round: slots it could not fill go to the evolutionary search.
+        rest = [(i, tp.budget - tp.done) for i, (_, tp) in enumerate(todo) if tp.budget - tp.done > 0]
+        if rest:
+            tune(rest, "evolutionary")
+        dropped = sum(m.dropped for m in measured)
+        if dropped:
+            log.info("%d candidates proposed again after they were measured: dropped, not measured twice", dropped)
         progress.phases = {k: round(float(v), 3) for k, v in prof.get().items()}
     log.info("where the time went:\n%s", prof.table())
     if hasattr(builder, "remote_builds"):  # RemoteBuilder: where this shard's candidates were built

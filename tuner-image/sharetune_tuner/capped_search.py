@@ -1,0 +1,93 @@
+"""A task's search strategy held to the task's own trial budget, so one ``tune_tasks`` call can
+tune all of a shard's tasks together (client.run_client).
+
+MetaSchedule's task scheduler gives every task of a call the same ``max_trials_per_task``, but a
+shard's tasks have budgets of their own (partition.budgets: proportional to cost; a resumed task
+owes only what it has not measured). One call per task would give each its budget, but tunes the
+tasks one after the other: with real budgets (thousands of trials) a shard spends the whole run
+on its first task while the model's other tasks stay untuned, and the GPU idles while a task
+searches. In one call the round-robin scheduler interleaves them (every task gets a round before
+any gets a second) and measures one task's batch while it searches and builds the next task's.
+
+``CappedSearch`` wraps the stock strategy (evolutionary, replay) and ends the task at its cap:
+the last batch is trimmed to what the budget has left. It also drops candidates already measured
+for the task in this process (``Measured``, shared by the task's strategies across ``tune_tasks``
+calls): a strategy starts each call with an empty measured set and seeds its population with the
+database's best schedules, so without it the second call re-measured them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm_ffi
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+# Batches in a row the inner strategy may propose that are all already measured before the task
+# ends (the search has run out of new schedules).
+MAX_EMPTY_BATCHES = 3
+# The inner strategy's own limit: never reached, the cap is kept here (its counter advances by the
+# candidates measured, and by whole batches of duplicates).
+UNBOUNDED = 1 << 30
+
+
+@dataclass
+class Measured:
+    """One task's candidates handed out in this process (structural hashes of their modules), and
+    how many the strategies proposed again; shared by the task's CappedSearch and its clones."""
+
+    hashes: set[int] = field(default_factory=set)
+    dropped: int = 0
+
+
+@derived_object
+class CappedSearch(ms.search_strategy.PySearchStrategy):
+    """``inner`` for at most ``cap`` measured candidates, none of them twice."""
+
+    def __init__(self, inner: Any, cap: int, measured: Measured | None = None) -> None:
+        super().__init__()
+        self.inner, self.cap = inner, cap
+        self.measured = measured if measured is not None else Measured()
+        self.proposed = 0  # candidates handed to the scheduler in this call
+
+    def _initialize_with_tune_context(self, context: Any) -> None:
+        self.inner._initialize_with_tune_context(context)
+
+    def pre_tuning(self, max_trials: int, num_trials_per_iter: int, design_spaces: Any, database: Any = None,
+                   cost_model: Any = None) -> None:
+        self.proposed = 0
+        self.inner.pre_tuning(UNBOUNDED, num_trials_per_iter, design_spaces, database, cost_model)
+
+    def post_tuning(self) -> None:
+        self.inner.post_tuning()
+
+    def generate_measure_candidates(self) -> list[Any] | None:
+        left = self.cap - self.proposed
+        for _ in range(MAX_EMPTY_BATCHES + 1):
+            if left <= 0:
+                return None
+            batch = self.inner.generate_measure_candidates()
+            if batch is None:
+                return None
+            m = self.measured
+            fresh = [(h, c) for c in batch if (h := tvm_ffi.structural_hash(c.sch.mod)) not in m.hashes]
+            m.dropped += len(batch) - len(fresh)
+            fresh = fresh[:left]
+            if fresh:
+                m.hashes.update(h for h, _ in fresh)
+                self.proposed += len(fresh)
+                return [c for _, c in fresh]
+            # Every candidate already measured: tell the inner strategy its batch is done (it
+            # counts batches) and ask again.
+            self.inner.notify_runner_results(batch, [ms.runner.RunnerResult(run_secs=None, error_msg="duplicate")
+                                                     for _ in batch])
+        return None
+
+    def notify_runner_results(self, measure_candidates: Any, results: Any) -> None:
+        self.inner.notify_runner_results(measure_candidates, results)
+
+    def clone(self) -> Any:
+        # TuneContext.clone() clones its strategy: the clone keeps the cap and the shared record.
+        return CappedSearch(self.inner.clone(), self.cap, self.measured)
