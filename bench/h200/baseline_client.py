@@ -9,7 +9,9 @@ instead of 10 s, so that no trial is lost to a slow session start) are set.
 
 ``real_budget.py`` also runs it over the whole model (``--tasks 0``) with a global budget
 (``--total``), and as a knowledgeable user would set it up (``--runner-workers N`` with N servers
-under the key, ``--builder-workers`` = cores); left out, those are stock.
+under the key, ``--builder-workers`` = cores, ``--scheduler round-robin``); left out, those are
+stock. ``--count-measured``: RPCRunner's stock evaluator plus a line per measured candidate in
+$BENCH_MEASURED_LOG (measured.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ def main() -> int:
     ap.add_argument("--total", type=int, default=None, help="max_trials_global (default: tasks x trials)")
     ap.add_argument("--runner-workers", type=int, default=None, help="RPCRunner max_workers (default: stock, 1)")
     ap.add_argument("--builder-workers", type=int, default=None, help="LocalBuilder max_workers (default: stock)")
+    ap.add_argument("--scheduler", choices=("gradient", "round-robin"), default="gradient",
+                    help="tune_tasks' task_scheduler (default: stock, gradient)")
+    ap.add_argument("--count-measured", action="store_true", help="note each measured candidate (measured.py)")
     ap.add_argument("--tracker", required=True)
     ap.add_argument("--key", required=True)
     ap.add_argument("--seed", type=int, default=0)
@@ -39,6 +44,7 @@ def main() -> int:
     from tvm.s_tir import meta_schedule as ms
 
     from common import heaviest
+    from measured import counted_run_evaluator
     from sharetune_tuner.model import load
     from sharetune_tuner.targets import make_target
     from sharetune_tuner.tasks import extract
@@ -58,14 +64,16 @@ def main() -> int:
         [t.extracted for t in tasks], work_dir=str(a.work_dir / "logs"), seed=a.seed)
     runner = ms.runner.RPCRunner(rpc_config=ms.runner.RPCConfig(
         tracker_host=host, tracker_port=int(port), tracker_key=a.key, session_timeout_sec=30),
-        **({"max_workers": a.runner_workers} if a.runner_workers else {}))
+        **({"max_workers": a.runner_workers} if a.runner_workers else {}),
+        **({"f_run_evaluator": counted_run_evaluator} if a.count_measured else {}))
     builder = (ms.builder.LocalBuilder(max_workers=a.builder_workers) if a.builder_workers
                else ms.builder.LocalBuilder())
     with ms.Profiler() as prof:
         ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=str(a.work_dir / "logs"),
                       max_trials_global=a.total or a.tasks * a.trials, max_trials_per_task=a.trials,
                       builder=builder, runner=runner,
-                      database=ms.database.JSONDatabase(work_dir=str(a.work_dir / "db")), cost_model="xgb")
+                      database=ms.database.JSONDatabase(work_dir=str(a.work_dir / "db")), cost_model="xgb",
+                      task_scheduler=a.scheduler)
         phases = {k: round(float(v), 3) for k, v in prof.get().items()}
     (a.work_dir / "client.json").write_text(json.dumps({
         "started_at": t_start, "extracted_at": t_extracted, "done_at": time.time(), "phases": phases,

@@ -9,7 +9,8 @@ stops itself at the end of its window (one device command), keeping every record
                the RPC session timeout (30 s) are set
   stock-tuned  the same as a knowledgeable user would set it up: a tracker with N RPC servers on
                the GPU (no MPS), RPCRunner(max_workers=N), LocalBuilder(max_workers=cores), the
-               rest stock (N = 4, see STOCK_TUNED_SERVERS)
+               round-robin task scheduler, the rest stock (N = 4, see STOCK_TUNED_SERVERS;
+               round-robin: see STOCK_TUNED_SCHEDULER)
   sharetune    the local-mode topology as ``tune_cell.py --mode sharetune`` runs it (6 clients,
                6 servers at 50% under MPS, 16 candidates per round, one build service), over the
                whole model
@@ -60,6 +61,12 @@ TOTAL = 20000  # TLCBench's ResNet-50 budget: no arm exhausts it in a 9-minute w
 # workers bring the runner's share below the builder's; more add GPU time-slicing between
 # unshared contexts (no MPS) to the measurements for little gain.
 STOCK_TUNED_SERVERS = 4
+# stock-tuned: the gradient scheduler (stock's default) joins no batch, so commits no record, until
+# it has sent every task one batch (its warm-up pass): ~40 s a task on the H200 (a population-512
+# search, then 64 builds), ~20 min for ResNet-50's 34 tasks, longer than the window (on this
+# 2-core CPU: 0 records in 180 s). Round-robin joins a batch as soon as it is measured (TVM's
+# TouchTask), which a user tuning within a time budget would choose.
+STOCK_TUNED_SCHEDULER = "round-robin"
 # sharetune: the headline topology (rounds r4-r7). No per-task cap below the budget, as for the
 # stock arms: a client tunes its shard's tasks together (round-robin, capped_search.py), every task
 # a round before any gets a second, with budgets in proportion to each task's cost
@@ -122,7 +129,7 @@ def knobs(a: argparse.Namespace, cores: int) -> dict[str, Any]:
         return {**base, "processes": "one tuning process", "servers": a.servers, "rpc_runner_max_workers": a.servers,
                 "builder": f"LocalBuilder(max_workers={a.builder_workers or cores})",
                 "search": "EvolutionarySearch stock (population 512)", "candidates_per_batch": 64,
-                "task_scheduler": "gradient", "max_trials_per_task": a.total, "mps": False,
+                "task_scheduler": STOCK_TUNED_SCHEDULER, "max_trials_per_task": a.total, "mps": False,
                 "rpc_session_timeout_s": 30, "cost_model": "xgb"}
     return {**base, "clients": a.clients, "servers": a.servers, "thread_pct": a.pct, "mps": a.target == "cuda",
             "per_iteration": a.per_iter, "per_task": a.per_task,
@@ -181,7 +188,7 @@ def tune(a: argparse.Namespace) -> int:
             r = tune_cell.run_sharetune(ca, wd)
         elif a.arm == "stock-tuned":
             r = tune_cell.run_baseline(ca, wd, servers=a.servers, runner_workers=a.servers,
-                                       builder_workers=a.builder_workers or cores)
+                                       builder_workers=a.builder_workers or cores, scheduler=STOCK_TUNED_SCHEDULER)
         else:
             r = tune_cell.run_baseline(ca, wd)
     except Exception as e:
@@ -194,7 +201,11 @@ def tune(a: argparse.Namespace) -> int:
     rel = [str(Path(d).relative_to(wd)) for d in r["db_dirs"]]
     times = {str(Path(k).relative_to(wd)): [round(x - t0, 2) for x in v] for k, v in sampler.record_times().items()}
     span = min(a.window_s, t1 - t0)
-    in_window = sum(1 for ts in times.values() for x in ts if x <= a.window_s)
+    committed = sum(1 for ts in times.values() for x in ts if x <= a.window_s)
+    # The stock arms count candidates as they are measured (measured.py: stock commits a batch
+    # only when it joins it); sharetune's records, committed as each batch is measured.
+    measured = [round(x - t0, 2) for x in r["measured_times"]] if "measured_times" in r else None
+    in_window = sum(1 for x in measured if x <= a.window_s) if measured is not None else committed
     written = sum(len(tune_cell._records(wd / d)) for d in rel)
     failed = sum(tune_cell._failed(tune_cell._records(wd / d)) for d in rel)
     first = min((ts[0] for ts in times.values() if ts), default=None)
@@ -204,7 +215,8 @@ def tune(a: argparse.Namespace) -> int:
         "started_at": round(t0, 2), "wall_s": round(t1 - t0, 2),
         # stopped by the window (the budget was not exhausted), or finished before it
         "stopped_at_window": bool(r.get("stopped_at_window")), "exhausted": not r.get("stopped_at_window"),
-        "trials": in_window, "records_written": written, "failed": failed,
+        "trials": in_window, "records_in_window": committed, "records_written": written, "failed": failed,
+        "trials_counted": "candidates measured (runner)" if measured is not None else "records committed",
         "trials_per_s": round(in_window / span, 4) if span > 0 else None,
         "first_record_s": first,
         "tasks": len(r.get("tasks") or []),
@@ -212,6 +224,7 @@ def tune(a: argparse.Namespace) -> int:
         "db_dirs": rel,
         # record i of db_dirs[d] was first seen at started_at + record_times[d][i] (0.5 s resolution)
         "record_times": times,
+        **({"measured_times": measured} if measured is not None else {}),
         "util_trace": [[round(s["t"] - t0, 1), s["cpu"], s.get("gpu")] for s in sampler.samples[::10]],
         "tar": f"{aid}.tar.gz",
         **({"mps_server_list": r.get("mps_server_list"), "client_restarts": r.get("client_restarts"),
@@ -221,7 +234,7 @@ def tune(a: argparse.Namespace) -> int:
     shutil.copy2(out_dir() / cell["tar"], wd / cell["tar"])  # a warm machine's evaluate finds it here too
     cell["tar_bytes"] = size
     append_cell(ARMS_FILE, cell)
-    log(f"{aid}: {in_window} trials in {span:.0f} s = {cell['trials_per_s']} trials/s "
+    log(f"{aid}: {in_window} trials in {span:.0f} s = {cell['trials_per_s']} trials/s, {committed} records committed "
         f"({'stopped at the window' if cell['stopped_at_window'] else 'FINISHED EARLY: budget exhausted'}); "
         f"cpu {cell['cpu_util_mean']}%, gpu {cell['gpu_util_mean']}%; tar {size / 1e6:.1f} MB")
     return 0
@@ -538,14 +551,17 @@ def summarize(a: argparse.Namespace) -> int:
             "arms": {"stock": "stock MetaSchedule as shipped: one process, LocalBuilder(), RPCRunner(max_workers=1), "
                               "one RPC server, evolutionary search, 64 per batch, gradient scheduler",
                      "stock-tuned": f"the same with a tracker and N={STOCK_TUNED_SERVERS} RPC servers on the GPU "
-                                    "(no MPS), RPCRunner(max_workers=N), LocalBuilder(max_workers=cores)",
+                                    "(no MPS), RPCRunner(max_workers=N), LocalBuilder(max_workers=cores), "
+                                    f"{STOCK_TUNED_SCHEDULER} scheduler",
                      "sharetune": f"local-mode topology: {ST_CLIENTS} clients, {ST_SERVERS} servers at {ST_PCT}% "
                                   f"under MPS, {ST_PER_ITER} per round, a shard's tasks round-robin, no per-task cap "
                                   "below the budget (budgets in proportion to cost)"},
             "budget": f"{TOTAL} trials, whole model, not exhausted within the window (each arm says "
                       "stopped_at_window)",
             "window": "each arm one device command; wall time from the first process started (start-up included)",
-            "throughput_ratio": "trials/s of sharetune / of the baseline, trials = records measured within the window",
+            "throughput_ratio": "trials/s of sharetune / of the baseline; trials within the window: the stock arms' "
+                                "candidates measured (counted as the runner measures them, committed or not), "
+                                "sharetune's records committed",
             "latency_ratio": "sharetune's end-to-end latency at the window's end / the baseline's "
                              "(compile_relax with the best record per task, relax VM, median of 10 rounds >= 100 ms, "
                              "whole GPU, no MPS, all models of one (network, seed) measured in one process)",

@@ -63,11 +63,15 @@ def _failed(recs: list[Any]) -> int:
 
 
 def run_baseline(a: argparse.Namespace, wd: Path, servers: int = 1, runner_workers: int | None = None,
-                 builder_workers: int | None = None) -> dict[str, Any]:
+                 builder_workers: int | None = None, scheduler: str | None = None) -> dict[str, Any]:
     """Stock MetaSchedule (baseline_client.py) through a tracker and ``servers`` RPC servers on the
     whole GPU (no MPS). ``runner_workers`` / ``builder_workers``: RPCRunner / LocalBuilder
-    max_workers (None: stock). With ``a.window_s`` the client is stopped (its process group) at
-    the window's end, keeping every record written so far; ``a.total``: the global budget."""
+    max_workers (None: stock); ``scheduler``: tune_tasks' task scheduler (None: stock). With
+    ``a.window_s`` the client is stopped (its process group) at the window's end, keeping every
+    record written so far, and each measured candidate is counted as it is measured
+    (``measured_times``: measured.py); ``a.total``: the global budget."""
+    from measured import ENV as MEASURED_ENV
+    from measured import read_times
     from sharetune_tuner.client import wait_for_tracker
 
     env = tuner_env()
@@ -77,6 +81,9 @@ def run_baseline(a: argparse.Namespace, wd: Path, servers: int = 1, runner_worke
     db = wd / "db"
     window_s = getattr(a, "window_s", None)
     total = getattr(a, "total", None)
+    measured_log = wd / "measured.log"
+    if window_s:
+        env[MEASURED_ENV] = str(measured_log)
     sampler = Sampler([db]).start()
     t0 = time.time()
     stopped_at_window = False
@@ -92,7 +99,9 @@ def run_baseline(a: argparse.Namespace, wd: Path, servers: int = 1, runner_worke
         wait_for_tracker("127.0.0.1", port, key, 60.0)
         extra = [*(["--total", str(total)] if total else []),
                  *(["--runner-workers", str(runner_workers)] if runner_workers else []),
-                 *(["--builder-workers", str(builder_workers)] if builder_workers else [])]
+                 *(["--builder-workers", str(builder_workers)] if builder_workers else []),
+                 *(["--scheduler", scheduler] if scheduler else []),
+                 *(["--count-measured"] if window_s else [])]
         client = g.start("client", [sys.executable, str(Path(__file__).with_name("baseline_client.py")),
                                     "--work-dir", str(wd), "--model", a.model, "--target", a.target,
                                     "--tasks", str(a.tasks), "--trials", str(a.trials),
@@ -117,7 +126,8 @@ def run_baseline(a: argparse.Namespace, wd: Path, servers: int = 1, runner_worke
     else:
         info = json.loads((wd / "client.json").read_text())
     return {"t0": t0, "t1": t1, "db_dirs": [str(db)], "sampler": sampler, "phases": [info["phases"]],
-            "tasks": info["tasks"], **({"stopped_at_window": stopped_at_window} if window_s else {})}
+            "tasks": info["tasks"],
+            **({"stopped_at_window": stopped_at_window, "measured_times": read_times(measured_log)} if window_s else {})}
 
 
 def _mps_servers(wd: Path) -> str:
