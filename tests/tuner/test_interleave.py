@@ -39,3 +39,58 @@ def test_tasks_take_turns_and_each_stops_at_its_budget(topology: Topology, tmp_p
     # No schedule measured twice for a task.
     traces = [(hashes[idx], json.dumps(body[0], sort_keys=True)) for idx, body in lines]
     assert len(set(traces)) == len(traces)
+
+
+class ScriptedStrategy:
+    """Stands in for TVM's search strategy with a scripted sequence of batches (TVM's own are
+    random, so duplicates cannot be staged with them; the test above runs the real ones)."""
+
+    def __init__(self, batches: list[list[object]]) -> None:
+        self.batches, self.notified = batches, []
+
+    def generate_measure_candidates(self) -> list[object] | None:
+        return self.batches.pop(0) if self.batches else None
+
+    def notify_runner_results(self, candidates: list[object], results: list[object]) -> None:
+        self.notified.append(len(candidates))
+
+    def clone(self) -> ScriptedStrategy:
+        return self
+
+
+def _candidate(n: int) -> object:
+    """A real measure candidate: an (unscheduled) schedule of an n x n matmul."""
+    import tvm
+    from tvm import te
+    from tvm.s_tir import Schedule
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.testing import te_workload
+
+    mod = tvm.IRModule({"main": te.create_prim_func(te_workload.matmul(n, n, n))})
+    return ms.MeasureCandidate(Schedule(mod), ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
+
+
+def _sizes(batch: object) -> list[int] | None:
+    """Which candidates (by matmul size) a batch holds."""
+    return None if batch is None else [int(c.args_info[0].shape[0]) for c in batch]
+
+
+def test_capped_search_ends_at_its_cap_and_never_hands_out_a_schedule_twice() -> None:
+    from sharetune_tuner.capped_search import CappedSearch
+
+    c = _candidate
+    inner = ScriptedStrategy([[c(8), c(8), c(16)], [c(16), c(32)], [c(32)], [c(64), c(8), c(128)], [c(256)]])
+    search = CappedSearch(inner, 4)
+    assert _sizes(search.generate_measure_candidates()) == [8, 16]  # the batch's second 8 dropped
+    assert _sizes(search.generate_measure_candidates()) == [32]  # 16 was handed out before
+    # [32]: nothing new, so the inner strategy is told the batch is done and asked again; the
+    # next batch is trimmed to the one trial the cap has left
+    assert _sizes(search.generate_measure_candidates()) == [64]
+    assert inner.notified == [1]
+    assert search.generate_measure_candidates() is None  # 4 handed out: the cap
+    assert search.measured.dropped == 4  # 8, 16, 32, 8 again
+    # A clone (TuneContext.clone(): the next tune_tasks call) shares what was handed out.
+    again = search.clone()
+    inner.batches = [[c(8), c(512)]]
+    assert _sizes(again.generate_measure_candidates()) == [512]
+    assert search.measured.dropped == 5

@@ -72,13 +72,17 @@ class CappedSearch(ms.search_strategy.PySearchStrategy):
             if batch is None:
                 return None
             m = self.measured
-            fresh = [(h, c) for c in batch if (h := tvm_ffi.structural_hash(c.sch.mod)) not in m.hashes]
-            m.dropped += len(batch) - len(fresh)
-            fresh = fresh[:left]
+            fresh: dict[int, Any] = {}  # by hash: also a batch's second copy of one schedule (random sampling)
+            for c in batch:
+                h = tvm_ffi.structural_hash(c.sch.mod)
+                if h in m.hashes or h in fresh:
+                    m.dropped += 1
+                elif len(fresh) < left:  # the last batch: trimmed to the budget
+                    fresh[h] = c
             if fresh:
-                m.hashes.update(h for h, _ in fresh)
+                m.hashes.update(fresh)
                 self.proposed += len(fresh)
-                return [c for _, c in fresh]
+                return list(fresh.values())
             # Every candidate already measured: tell the inner strategy its batch is done (it
             # counts batches) and ask again.
             self.inner.notify_runner_results(batch, [ms.runner.RunnerResult(run_secs=None, error_msg="duplicate")
