@@ -61,11 +61,10 @@ TOTAL = 20000  # TLCBench's ResNet-50 budget: no arm exhausts it in a 9-minute w
 # workers bring the runner's share below the builder's; more add GPU time-slicing between
 # unshared contexts (no MPS) to the measurements for little gain.
 STOCK_TUNED_SERVERS = 4
-# stock-tuned: the gradient scheduler (stock's default) joins no batch, so commits no record, until
-# it has sent every task one batch (its warm-up pass): ~40 s a task on the H200 (a population-512
-# search, then 64 builds), ~20 min for ResNet-50's 34 tasks, longer than the window (on this
-# 2-core CPU: 0 records in 180 s). Round-robin joins a batch as soon as it is measured (TVM's
-# TouchTask), which a user tuning within a time budget would choose.
+# stock-tuned: the gradient scheduler (stock's default) commits no record before its warm-up pass
+# over every task ends, longer than the window for a whole network (measured.py); round-robin
+# joins a batch as soon as it is measured (TVM's TouchTask), which a user tuning within a time
+# budget would choose.
 STOCK_TUNED_SCHEDULER = "round-robin"
 # sharetune: the headline topology (rounds r4-r7). No per-task cap below the budget, as for the
 # stock arms: a client tunes its shard's tasks together (round-robin, capped_search.py), every task
