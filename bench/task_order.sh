@@ -5,6 +5,8 @@
 # back on this machine, then each arm's whole-model latency at checkpoints (real_budget.py
 # evaluate). Appends one line per seed to bench/results/cpu-task-order.jsonl.
 #   bash bench/task_order.sh SEED [old-first|new-first]     (~15 min on 2 cores)
+# The client before is a git worktree of OLD_COMMIT, kept for the next seed: `git worktree remove
+# --force /tmp/sharetune-task-order/old-tree` when done.
 set -euo pipefail
 SEED=${1:-0}; ORDER=${2:-old-first}; WINDOW=${WINDOW:-300}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
