@@ -107,7 +107,8 @@ def _cell_args(a: argparse.Namespace, wd_id: str) -> argparse.Namespace:
     common = ["--id", wd_id, "--model", a.network, "--target", a.target, "--seed", str(a.seed),
               "--total", str(a.total), "--window-s", str(a.window_s), "--timeout", str(a.window_s + 60)]
     if a.arm == "sharetune":
-        # every task (st_client keeps the K heaviest: K above any model's count), per-task cap
+        # every task (st_client keeps the K heaviest: K above any model's count); --trials is the
+        # per-task cap, the whole budget by default (ST_PER_TASK)
         return tune_cell.parser().parse_args(
             [*common, "--mode", "sharetune", "--tasks", "1000000", "--trials", str(a.per_task),
              "--clients", str(a.clients), "--servers", str(a.servers), "--pct", str(a.pct),

@@ -423,7 +423,8 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
             tune(rest, "evolutionary")
         dropped = sum(m.dropped for m in measured)
         if dropped:
-            log.info("%d candidates proposed again after they were measured: dropped, not measured twice", dropped)
+            log.info("%d candidates dropped: schedules already handed out for their task (earlier in this process or "
+                     "in the same batch), not measured twice", dropped)
         progress.phases = {k: round(float(v), 3) for k, v in prof.get().items()}
     log.info("where the time went:\n%s", prof.table())
     if hasattr(builder, "remote_builds"):  # RemoteBuilder: where this shard's candidates were built
