@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import tvm_ffi
+
 from sharetune_tuner import records
 
 from .conftest import Topology, example_job, tuner
@@ -45,8 +47,16 @@ class ScriptedStrategy:
     """Stands in for TVM's search strategy with a scripted sequence of batches (TVM's own are
     random, so duplicates cannot be staged with them; the test above runs the real ones)."""
 
+    population_size, init_measured_ratio = 0, 0.0  # reads no database unless a test says so
+
     def __init__(self, batches: list[list[object]]) -> None:
         self.batches, self.notified = batches, []
+
+    def _initialize_with_tune_context(self, context: object) -> None:
+        pass
+
+    def pre_tuning(self, *args: object) -> None:
+        pass
 
     def generate_measure_candidates(self) -> list[object] | None:
         return self.batches.pop(0) if self.batches else None
@@ -94,3 +104,42 @@ def test_capped_search_ends_at_its_cap_and_never_hands_out_a_schedule_twice() ->
     inner.batches = [[c(8), c(512)]]
     assert _sizes(again.generate_measure_candidates()) == [512]
     assert search.measured.dropped == 5
+
+
+def test_a_resumed_task_does_not_measure_again_what_the_database_holds() -> None:
+    """A client restarted over its records: TVM's evolutionary search puts the database's best
+    schedules into its population and, in a new process, hands them out again. The schedules here
+    are TVM's own (sampled and postprocessed in C++); the database holds them as a killed client
+    left them."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from sharetune_tuner.capped_search import CappedSearch, Measured
+    from sharetune_tuner.intrinsics import ensure_registered
+
+    ensure_registered()  # the design space needs them: from the cache, not ~20 s of parsing
+    new = _candidate(32)  # unscheduled: not among the sampled schedules below
+    mod, target = new.sch.mod, tvm.target.Target({"kind": "llvm", "num-cores": 1})
+    ctx = ms.TuneContext(mod, target=target, space_generator="post-order-apply",
+                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="matmul", num_threads=1)
+    db = ms.database.MemoryDatabase()
+    ctx.pre_tuning(max_trials=6, num_trials_per_iter=6, design_spaces=ctx.generate_design_space(), database=db)
+    before = list(ctx.generate_measure_candidates())
+    workload = db.commit_workload(mod)
+    for i, c in enumerate(before):
+        db.commit_tuning_record(ms.database.TuningRecord(c.sch.trace, workload, [1e-3 * (i + 1)], target,
+                                                         c.args_info))
+    distinct = len({tvm_ffi.structural_hash(c.sch.mod) for c in before})
+
+    def first_batch(measured: Measured) -> list[object]:
+        inner = ScriptedStrategy([[*before, new]])
+        inner.population_size, inner.init_measured_ratio = len(before), 1.0  # it seeds with all of them
+        search = CappedSearch(inner, 100, measured)
+        search._initialize_with_tune_context(ctx)
+        search.pre_tuning(100, 8, [], db, None)
+        return search.generate_measure_candidates()
+
+    assert len(first_batch(Measured())) == distinct + 1  # a fresh task: the database is not read
+    resumed = Measured(from_database=True)
+    assert first_batch(resumed) == [new]
+    assert resumed.dropped == len(before)

@@ -13,17 +13,24 @@ any gets a second) and measures one task's batch while it searches and builds th
 the last batch is trimmed to what the budget has left. It also drops candidates already measured
 for the task in this process (``Measured``, shared by the task's strategies across ``tune_tasks``
 calls): a strategy starts each call with an empty measured set and seeds its population with the
-database's best schedules, so without it the second call re-measured them.
+database's best schedules, so without it the second call re-measured them. A resumed task (a client
+restarted over its records) starts ``Measured`` from those same best schedules of the database
+(TVM's evolutionary search leaves that to a TODO): they are the only earlier ones it hands out
+again, apart from what random sampling happens to draw twice.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import tvm_ffi
 from tvm.ir.utils import derived_object
+from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
+
+log = logging.getLogger("sharetune.client")
 
 # Batches in a row the inner strategy may propose that are all already measured before the task
 # ends (the search has run out of new schedules).
@@ -35,11 +42,36 @@ UNBOUNDED = 1 << 30
 
 @dataclass
 class Measured:
-    """One task's candidates handed out in this process (structural hashes of their modules), and
-    how many the strategies proposed again; shared by the task's CappedSearch and its clones."""
+    """One task's candidates handed out (structural hashes of their modules), and how many the
+    strategies proposed again; shared by the task's CappedSearch and its clones. ``from_database``:
+    the task has records from before this process, to be added once a strategy reads the database."""
 
     hashes: set[int] = field(default_factory=set)
     dropped: int = 0
+    from_database: bool = False
+
+
+def database_picks(strategy: Any) -> int:
+    """How many of the database's best schedules ``strategy`` puts into each population (TVM's
+    EvolutionarySearch: ``population_size * init_measured_ratio``); 0 for one that reads none."""
+    population, ratio = getattr(strategy, "population_size", 0), getattr(strategy, "init_measured_ratio", 0.0)
+    return int(population * ratio)
+
+
+def best_in_database(context: Any, database: Any, k: int) -> set[int]:
+    """Structural hashes of the task's ``k`` best schedules in ``database``, rebuilt the way the
+    evolutionary search rebuilds them for its population (the trace without its postprocessing,
+    then the task's postprocessors), so they equal the modules it proposes."""
+    mod = context.mod
+    postprocs = context.space_generator.postprocs
+    hashes: set[int] = set()
+    for record in database.get_top_k(database.commit_workload(mod), k):
+        sch = Schedule(mod, error_render_level="none")
+        record.trace.apply_to_schedule(sch, remove_postproc=True)
+        sch.enter_postproc()
+        if all(p.apply(sch) for p in postprocs):
+            hashes.add(tvm_ffi.structural_hash(sch.mod))
+    return hashes
 
 
 @derived_object
@@ -51,13 +83,22 @@ class CappedSearch(ms.search_strategy.PySearchStrategy):
         self.inner, self.cap = inner, cap
         self.measured = measured if measured is not None else Measured()
         self.proposed = 0  # candidates handed to the scheduler in this call
+        self.context: Any = None
 
     def _initialize_with_tune_context(self, context: Any) -> None:
+        self.context = context
         self.inner._initialize_with_tune_context(context)
 
     def pre_tuning(self, max_trials: int, num_trials_per_iter: int, design_spaces: Any, database: Any = None,
                    cost_model: Any = None) -> None:
         self.proposed = 0
+        k = database_picks(self.inner)
+        if self.measured.from_database and database is not None and k > 0:
+            known = best_in_database(self.context, database, k)
+            self.measured.hashes |= known
+            self.measured.from_database = False
+            log.info("task %s: its %d best schedules in the database (measured before this process) are not "
+                     "proposed again", self.context.task_name, len(known))
         self.inner.pre_tuning(UNBOUNDED, num_trials_per_iter, design_spaces, database, cost_model)
 
     def post_tuning(self) -> None:

@@ -371,8 +371,9 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
             cleanup.callback(stage.close)
         phases = PhaseExport(cfg.job, cfg.shard)  # the profiler's totals span all the tasks
 
-        # Per task of todo: the candidates measured in this process (CappedSearch drops them again).
-        measured = [Measured() for _ in todo]
+        # Per task of todo: the candidates measured (CappedSearch drops them again); a resumed
+        # task's also holds the database's best schedules from before this process.
+        measured = [Measured(from_database=tp.done > 0) for _, tp in todo]
 
         def tune(group: list[tuple[int, int]], search: str) -> None:
             """One ``tune_tasks`` call over ``group`` ((index in todo, trials it gets here)), each
@@ -423,8 +424,8 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
             tune(rest, "evolutionary")
         dropped = sum(m.dropped for m in measured)
         if dropped:
-            log.info("%d candidates dropped: schedules already handed out for their task (earlier in this process or "
-                     "in the same batch), not measured twice", dropped)
+            log.info("%d candidates dropped: schedules already measured for their task (earlier in this process, "
+                     "before a restart, or in the same batch), not measured twice", dropped)
         progress.phases = {k: round(float(v), 3) for k, v in prof.get().items()}
     log.info("where the time went:\n%s", prof.table())
     if hasattr(builder, "remote_builds"):  # RemoteBuilder: where this shard's candidates were built
