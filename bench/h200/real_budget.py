@@ -16,6 +16,7 @@ stops itself at the end of its window (one device command), keeping every record
                whole model
 
   python bench/h200/real_budget.py tune --network resnet50 --arm stock --seed 0 [--window-s 540]
+  source bench/h200/nvrtc_env.sh && python bench/h200/real_budget.py compile --network resnet50 --seed 0
   python bench/h200/real_budget.py evaluate --network resnet50 --seed 0 [--checkpoints 60,120,...]
   python bench/h200/real_budget.py summarize [--out FILE.json] [--plot FILE.png]
 
@@ -24,13 +25,15 @@ the time each record appeared) to ``h200-real-budget-arms.jsonl`` (common.append
 $OUT) and packs its record databases into ``$OUT/<arm id>.tar.gz``. ``evaluate`` compiles the
 whole model with each arm's best records as they stood at each checkpoint (the databases cut at
 the record-time trace), plus the untuned model, measures them all in one process on the GPU and
-appends the curves to ``h200-real-budget-eval.jsonl``. ``summarize`` (no GPU) computes the ratios
+appends the curves to ``h200-real-budget-eval.jsonl``; ``compile`` does its compiling on a machine
+without a GPU (nvrtc_env.sh) into a pack that ``evaluate`` then only measures. ``summarize`` (no GPU) computes the ratios
 per network and baseline and writes ``bench/results/h200-real-budget.json`` and the plot.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -73,6 +76,7 @@ STOCK_TUNED_SCHEDULER = "round-robin"
 ST_CLIENTS, ST_SERVERS, ST_PCT, ST_PER_ITER, ST_PER_TASK = 6, 6, 50, 16, TOTAL
 DEFAULT_CHECKPOINTS = "30,60,120,180,240,300,360,420,480,540"
 TTQ_TOLERANCE = 0.02  # "reached" a latency: within 2% of it (timing noise between two models)
+UNTUNED = "untuned.so"
 
 
 def arm_id(network: str, seed: int, arm: str) -> str:
@@ -339,23 +343,41 @@ def _run_parallel(jobs: list[tuple[str, list[str]]], env: dict[str, str], parall
     return failed
 
 
-def evaluate(a: argparse.Namespace) -> int:
-    eid = eval_id(a.network, a.seed)
+def models_pack(network: str, seed: int) -> Path:
+    """Where ``compile`` leaves one (network, seed)'s compiled models for ``evaluate`` to carry."""
+    return RESULTS / f"rbmodels-{network}-s{seed}.tar.xz"
+
+
+def _arms_of(network: str, seed: int) -> dict[str, dict[str, Any]]:
     cells = load_cells(ARMS_FILE)
-    arms = {arm: cells[arm_id(a.network, a.seed, arm)] for arm in ARMS if arm_id(a.network, a.seed, arm) in cells}
-    if not arms:
-        log(f"evaluate: no arm of {a.network} seed {a.seed} in {ARMS_FILE}")
-        return 1
-    prev = load_cells(EVAL_FILE).get(eid)
-    if prev and set(prev.get("arms", {})) >= set(arms) and not a.force:
-        log(f"{eid}: already evaluated ({', '.join(prev['arms'])}), skipped")
-        return 0
-    t_start = time.time()
-    env = tuner_env()
-    root = RUN_ROOT / "rb-eval" / eid
+    return {arm: cells[arm_id(network, seed, arm)] for arm in ARMS if arm_id(network, seed, arm) in cells}
+
+
+def _sources(arms: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Each arm's result, fingerprinted: a pack compiled from other results is stale."""
+    return {arm: hashlib.sha256(json.dumps(cell, sort_keys=True).encode()).hexdigest()[:16]
+            for arm, cell in sorted(arms.items())}
+
+
+def _nvrtc_version() -> str | None:
+    try:
+        from cuda.bindings import nvrtc
+
+        _, major, minor = nvrtc.nvrtcVersion()
+        return f"{major}.{minor}"
+    except Exception:  # no cuda-bindings: an llvm run
+        return None
+
+
+def compile_models(a: argparse.Namespace, arms: dict[str, dict[str, Any]], root: Path) -> dict[str, Any]:
+    """Phase 1 of ``evaluate``, no GPU needed: the whole model compiled with each arm's best
+    records as they stood at each checkpoint, plus the untuned model, under ``root``; returns the
+    plan (``root/plan.json``: each arm's checkpoints and the model each uses, paths relative to
+    ``root`` so the plan can be packed and measured on another machine)."""
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
+    t_start = time.time()
     checkpoints = sorted({float(x) for x in a.checkpoints.split(",") if x.strip()})
     jobs: list[tuple[str, list[str]]] = []
     plan: dict[str, list[dict[str, Any]]] = {}
@@ -380,52 +402,118 @@ def evaluate(a: argparse.Namespace) -> int:
                 points.append({"t": t_c, "records": sum(counts), "best_records": 0, "model": "untuned"})
                 continue
             if sig not in models:
-                out = root / arm / f"t{int(t_c)}"
-                models[sig] = str(out / "model.so")
+                models[sig] = f"{arm}/t{int(t_c)}/model.so"
                 jobs.append((f"{arm}@{t_c:g}", [sys.executable, __file__, "_compile", "--network", a.network,
-                                                "--target", a.target, "--out", str(out),
+                                                "--target", a.target, "--out", str(root / arm / f"t{int(t_c)}"),
                                                 "--dirs", ",".join(map(str, dirs)),
                                                 "--counts", ",".join(map(str, counts))]))
             points.append({"t": t_c, "records": sum(counts), "best_records": len(sig), "model": models[sig]})
         plan[arm] = points
-    untuned = root / "untuned.so"
-    jobs.insert(0, ("untuned", [sys.executable, str(HERE / "evaluate.py"), "--stage", "untuned", "--arg", str(untuned),
-                                "--model", a.network, "--target", a.target]))
+    jobs.insert(0, ("untuned", [sys.executable, str(HERE / "evaluate.py"), "--stage", "untuned",
+                                "--arg", str(root / UNTUNED), "--model", a.network, "--target", a.target]))
     parallel = a.jobs or max(1, min(8, (os.cpu_count() or 2) // 2))
-    log(f"{eid}: compiling {len(jobs)} models ({parallel} at a time) for {', '.join(plan)}")
-    failed = _run_parallel(jobs, env, parallel, a.compile_timeout_s, root / "logs")
+    log(f"{eval_id(a.network, a.seed)}: compiling {len(jobs)} models ({parallel} at a time) for {', '.join(plan)}")
+    failed = _run_parallel(jobs, tuner_env(), parallel, a.compile_timeout_s, root / "logs")
     for name, err in failed.items():
         log(f"compile {name} failed:\n{err}")
-    t_compiled = time.time() - t_start
-    paths = [str(untuned)] + sorted({p["model"] for pts in plan.values() for p in pts if p["model"] != "untuned"
-                                     and Path(p["model"]).exists()})
-    # One process, the whole GPU (no MPS daemon): evaluate.py's measurement, untuned first (the
-    # reference of rel_err_vs_first: every tuned model must compute the same output).
+    for arm in plan:
+        shutil.rmtree(root / arm / "records", ignore_errors=True)
+    out = {"network": a.network, "seed": a.seed, "target": a.target, "arms": plan, "sources": _sources(arms),
+           "runs": {arm: arms[arm]["id"] for arm in plan}, "checkpoints": checkpoints, "failed": failed,
+           "models_compiled": len(jobs) - len(failed), "compile_wall_s": round(time.time() - t_start, 1),
+           "compiled_on": machine_id(), "nvrtc": _nvrtc_version()}
+    (root / "plan.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+def measure_models(a: argparse.Namespace, root: Path, plan: dict[str, Any]) -> dict[str, Any]:
+    """Phase 2 of ``evaluate``, on the GPU: every compiled model of ``plan`` measured in one
+    process on the whole GPU (no MPS daemon: evaluate.py's measurement), the untuned one first
+    (the reference of rel_err_vs_first: every tuned model must compute the same output); returns
+    the eval cell with each arm's latency curve."""
+    t_start = time.time()
+    untuned = str(root / UNTUNED)
+    paths = [untuned] + sorted({str(root / p["model"]) for pts in plan["arms"].values() for p in pts
+                                if p["model"] != "untuned" and (root / p["model"]).exists()})
     r = subprocess.run([sys.executable, str(HERE / "evaluate.py"), "--stage", "models", "--arg", ",".join(paths),
                         "--model", a.network, "--target", a.target, "--repeat", str(a.repeat)],
-                       env=env, capture_output=True, text=True, timeout=a.measure_timeout_s)
+                       env=tuner_env(), capture_output=True, text=True, timeout=a.measure_timeout_s)
     if r.returncode != 0:
         raise SystemExit(f"measuring failed ({r.returncode}):\n{r.stderr[-3000:]}")
     meas = json.loads(r.stdout.strip().splitlines()[-1])
-    base = meas.get(str(untuned), {})
+    base = meas.get(untuned, {})
+    failed = plan.get("failed", {})
     out_arms: dict[str, Any] = {}
-    for arm, points in plan.items():
+    for arm, points in plan["arms"].items():
         curve = []
         for p in points:
-            m = base if p["model"] == "untuned" else meas.get(p["model"], {"error": failed.get(f"{arm}@{p['t']:g}",
-                                                                                               "not compiled")})
+            m = base if p["model"] == "untuned" else meas.get(
+                str(root / p["model"]), {"error": failed.get(f"{arm}@{p['t']:g}", "not compiled")})
             curve.append({"t": p["t"], "records": p["records"], "best_records": p["best_records"],
                           "median_ms": m.get("median_ms"), "min_ms": m.get("min_ms"),
                           "rel_err": m.get("rel_err_vs_first"), **({"error": m["error"]} if "error" in m else {})})
-        out_arms[arm] = {"run": arms[arm]["id"], "curve": curve, "final_ms": curve[-1]["median_ms"] if curve else None}
-    cell = {"id": eid, "network": a.network, "seed": a.seed, "target": a.target, "gpu": gpu_name(),
-            "machine": machine_id(), "untuned_ms": base.get("median_ms"), "untuned_min_ms": base.get("min_ms"),
-            "arms": out_arms, "checkpoints": checkpoints, "models_compiled": len(jobs) - len(failed),
-            "compile_wall_s": round(t_compiled, 1), "eval_wall_s": round(time.time() - t_start, 1)}
+        out_arms[arm] = {"run": plan["runs"][arm], "curve": curve, "final_ms": curve[-1]["median_ms"] if curve else None}
+    return {"id": eval_id(a.network, a.seed), "network": a.network, "seed": a.seed, "target": a.target,
+            "gpu": gpu_name(), "machine": machine_id(), "untuned_ms": base.get("median_ms"),
+            "untuned_min_ms": base.get("min_ms"), "arms": out_arms, "checkpoints": plan["checkpoints"],
+            "models_compiled": plan["models_compiled"], "compile_wall_s": plan["compile_wall_s"],
+            "compiled_on": plan["compiled_on"], "nvrtc": plan.get("nvrtc"),
+            "measure_wall_s": round(time.time() - t_start, 1)}
+
+
+def compile_only(a: argparse.Namespace) -> int:
+    """``compile``: phase 1 on this machine (a CPU one will do: NVRTC needs no GPU), packed for
+    ``evaluate`` on the GPU machine, so the device time an evaluation takes is its measuring only."""
+    arms = _arms_of(a.network, a.seed)
+    if not arms:
+        log(f"compile: no arm of {a.network} seed {a.seed} in {ARMS_FILE}")
+        return 1
+    root = RUN_ROOT / "rb-eval" / eval_id(a.network, a.seed)
+    plan = compile_models(a, arms, root)
+    pack = Path(a.pack) if a.pack else models_pack(a.network, a.seed)
+    with tarfile.open(pack, "w:xz") as t:  # a model's .so is mostly padding: ~3 MB -> ~0.1 MB
+        t.add(root / "plan.json", "plan.json")
+        t.add(root / UNTUNED, UNTUNED)
+        for model in sorted({p["model"] for pts in plan["arms"].values() for p in pts if p["model"] != "untuned"}):
+            if (root / model).exists():
+                t.add(root / model, model)
+    log(f"{pack}: {plan['models_compiled']} models, {pack.stat().st_size / 1e6:.1f} MB "
+        f"({len(plan['failed'])} failed); carry it to the GPU machine for `evaluate`")
+    return 0 if not plan["failed"] else 1
+
+
+def evaluate(a: argparse.Namespace) -> int:
+    eid = eval_id(a.network, a.seed)
+    arms = _arms_of(a.network, a.seed)
+    if not arms:
+        log(f"evaluate: no arm of {a.network} seed {a.seed} in {ARMS_FILE}")
+        return 1
+    prev = load_cells(EVAL_FILE).get(eid)
+    if prev and set(prev.get("arms", {})) >= set(arms) and not a.force:
+        log(f"{eid}: already evaluated ({', '.join(prev['arms'])}), skipped")
+        return 0
+    root = RUN_ROOT / "rb-eval" / eid
+    pack = Path(a.pack) if a.pack else models_pack(a.network, a.seed)
+    if pack.is_file():
+        # Compiled elsewhere (``compile``): only the measuring takes this machine's time.
+        if root.exists():
+            shutil.rmtree(root)
+        root.mkdir(parents=True)
+        with tarfile.open(pack) as t:
+            t.extractall(root)
+        plan = json.loads((root / "plan.json").read_text())
+        if plan.get("sources") != _sources(arms):
+            log(f"{pack}: compiled from other arm results than {ARMS_FILE} now holds for {eid} (an arm added or "
+                f"run again): run `compile` again, or remove the pack to compile here")
+            return 1
+        log(f"{eid}: {plan['models_compiled']} models compiled on {plan['compiled_on']} ({pack.name})")
+    else:
+        plan = compile_models(a, arms, root)
+    cell = measure_models(a, root, plan)
     append_cell(EVAL_FILE, cell)
-    for arm, v in out_arms.items():
+    for arm, v in cell["arms"].items():
         log(f"{eid} {arm}: " + ", ".join(f"{p['t']:g}s {p['median_ms']}" for p in v["curve"]))
-    log(f"{eid}: untuned {cell['untuned_ms']} ms; {cell['eval_wall_s']} s")
+    log(f"{eid}: untuned {cell['untuned_ms']} ms; measured in {cell['measure_wall_s']} s")
     return 0
 
 
@@ -635,33 +723,42 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--per-task", type=int, default=ST_PER_TASK, help="sharetune: trials per task at most")
     t.add_argument("--force", action="store_true")
     e = sub.add_parser("evaluate", help="latency curves of every arm of one (network, seed), on the GPU")
-    e.add_argument("--network", choices=NETWORKS, required=True)
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--target", default="cuda")
-    e.add_argument("--checkpoints", default=DEFAULT_CHECKPOINTS, help="seconds into each arm's window")
-    e.add_argument("--tars", nargs="*", default=[], help="the arms' tar.gz (default: bench/results/<arm id>.tar.gz, "
-                                                         "or this machine's run dirs)")
+    c = sub.add_parser("compile", help="evaluate's compiling only, on any machine (CUDA: NVRTC, no GPU), "
+                                       "packed for evaluate on the GPU machine")
+    for p in (e, c):  # what the models are compiled from
+        p.add_argument("--network", choices=NETWORKS, required=True)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--target", default="cuda")
+        p.add_argument("--checkpoints", default=DEFAULT_CHECKPOINTS, help="seconds into each arm's window")
+        p.add_argument("--tars", nargs="*", default=[], help="the arms' tar.gz (default: bench/results/<arm "
+                                                             "id>.tar.gz, or this machine's run dirs)")
+        p.add_argument("--jobs", type=int, default=None, help="compiles at a time (default: cores / 2, at most 8)")
+        p.add_argument("--compile-timeout-s", type=float, default=330.0, help="all compiles together")
+    e.add_argument("--pack", default=None, help="models compiled by `compile` (default: bench/results/"
+                                                "rbmodels-<network>-s<seed>.tar.xz if there; else compiled here first)")
     e.add_argument("--repeat", type=int, default=10)
-    e.add_argument("--jobs", type=int, default=None, help="compiles at a time (default: cores / 2, at most 8)")
-    e.add_argument("--compile-timeout-s", type=float, default=330.0, help="all compiles together")
     e.add_argument("--measure-timeout-s", type=float, default=200.0)
     e.add_argument("--force", action="store_true")
+    c.add_argument("--pack", default=None, help="where to write it (default: bench/results/"
+                                                "rbmodels-<network>-s<seed>.tar.xz)")
     s = sub.add_parser("summarize", help="ratios, geometric means, plot (no GPU)")
     s.add_argument("--out", default=str(SUMMARY_JSON))
     s.add_argument("--plot", default=str(PLOT_PNG), help="'' = none")
     s.add_argument("--tolerance", type=float, default=TTQ_TOLERANCE)
-    c = sub.add_parser("_compile", help=argparse.SUPPRESS)
-    c.add_argument("--network", required=True)
-    c.add_argument("--target", required=True)
-    c.add_argument("--out", type=Path, required=True)
-    c.add_argument("--dirs", required=True)
-    c.add_argument("--counts", required=True)
+    i = sub.add_parser("_compile", help=argparse.SUPPRESS)
+    i.add_argument("--network", required=True)
+    i.add_argument("--target", required=True)
+    i.add_argument("--out", type=Path, required=True)
+    i.add_argument("--dirs", required=True)
+    i.add_argument("--counts", required=True)
     a = ap.parse_args(argv)
     if a.cmd == "tune":
         os.environ.update(tuner_env())
         return tune(a)
     if a.cmd == "evaluate":
         return evaluate(a)
+    if a.cmd == "compile":
+        return compile_only(a)
     if a.cmd == "summarize":
         return summarize(a)
     compile_at([Path(d) for d in a.dirs.split(",")], [int(n) for n in a.counts.split(",")], a.network, a.target,

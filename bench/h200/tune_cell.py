@@ -235,6 +235,7 @@ spec:
         pods.stop()
         sampler.stop()
     phases, tasks, startup = [], [], []
+    dbs = dbs[: lr.client_shards]  # a model with fewer tasks than clients: the rest were stopped unstarted
     for d in dbs:
         pr = json.loads((d / "progress.json").read_text())
         phases.append(pr.get("phases", {}))
