@@ -26,8 +26,9 @@ $OUT) and packs its record databases into ``$OUT/<arm id>.tar.gz``. ``evaluate``
 whole model with each arm's best records as they stood at each checkpoint (the databases cut at
 the record-time trace), plus the untuned model, measures them all in one process on the GPU and
 appends the curves to ``h200-real-budget-eval.jsonl``; ``compile`` does its compiling on a machine
-without a GPU (nvrtc_env.sh) into a pack that ``evaluate`` then only measures. ``summarize`` (no GPU) computes the ratios
-per network and baseline and writes ``bench/results/h200-real-budget.json`` and the plot.
+without a GPU (nvrtc_env.sh) into a pack that ``evaluate`` then only measures. ``summarize`` (no
+GPU) computes the ratios per network and baseline and writes ``bench/results/h200-real-budget.json``
+and the plot.
 """
 
 from __future__ import annotations
@@ -426,7 +427,7 @@ def compile_models(a: argparse.Namespace, arms: dict[str, dict[str, Any]], root:
     return out
 
 
-def measure_models(a: argparse.Namespace, root: Path, plan: dict[str, Any]) -> dict[str, Any]:
+def measure_plan(a: argparse.Namespace, root: Path, plan: dict[str, Any]) -> dict[str, Any]:
     """Phase 2 of ``evaluate``, on the GPU: every compiled model of ``plan`` measured in one
     process on the whole GPU (no MPS daemon: evaluate.py's measurement), the untuned one first
     (the reference of rel_err_vs_first: every tuned model must compute the same output); returns
@@ -509,7 +510,7 @@ def evaluate(a: argparse.Namespace) -> int:
         log(f"{eid}: {plan['models_compiled']} models compiled on {plan['compiled_on']} ({pack.name})")
     else:
         plan = compile_models(a, arms, root)
-    cell = measure_models(a, root, plan)
+    cell = measure_plan(a, root, plan)
     append_cell(EVAL_FILE, cell)
     for arm, v in cell["arms"].items():
         log(f"{eid} {arm}: " + ", ".join(f"{p['t']:g}s {p['median_ms']}" for p in v["curve"]))
