@@ -76,8 +76,7 @@ def compile_model(db_dirs: list[Path], model_name: str, target_kind: str, wd: Pa
     target = make_target(target_kind)
     model = load(name=model_name)
     counts = records.merge(db_dirs, wd / "records", wd / "best")
-    with target:  # NVRTC reads the arch from the current target (else from the GPU: none on a CPU machine)
-        ex = compile_with(wd / "best", model, target)
+    ex = compile_with(wd / "best", model, target)
     ex.export_library(str(wd / "model.so"))
     return counts
 
@@ -127,10 +126,7 @@ def prepare_untuned(model_name: str, target_kind: str, path: Path) -> None:
     from sharetune_tuner.model import load
     from sharetune_tuner.targets import make_target
 
-    target = make_target(target_kind)
-    with target:  # as in compile_model
-        ex = compile_with(None, load(name=model_name), target)
-    ex.export_library(str(path))
+    compile_with(None, load(name=model_name), make_target(target_kind)).export_library(str(path))
 
 
 # ---- stage B/C: GPU measurement (subprocesses) -------------------------------------------------

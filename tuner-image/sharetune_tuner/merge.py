@@ -52,7 +52,11 @@ def compile_with(db_dir: Path | None, model: LoadedModel, target: Any) -> Any:
     from tvm.s_tir import meta_schedule as ms
 
     db = ms.database.JSONDatabase(work_dir=str(db_dir)) if db_dir else ms.database.MemoryDatabase()
-    return ms.relax_integration.compile_relax(db, model.mod, target, None)
+    # Inside the target's scope, as builder.build_without_intrinsics: TVM's NVRTC callback reads the
+    # arch from Target.current() and, without one, from GPU 0, so a machine without the GPU (a
+    # result compiled elsewhere, SHARETUNE_CUDA_ARCH) could not compile for it.
+    with target:
+        return ms.relax_integration.compile_relax(db, model.mod, target, None)
 
 
 def _vm(executable: Any, dev: Any) -> Any:
