@@ -1,4 +1,4 @@
-"""Issue 21, the headline at real budgets: whole networks, equal wall-clock windows, three arms.
+"""The headline at real budgets: whole networks, equal wall-clock windows, three arms.
 
 Each arm tunes every task of the whole model with a budget it cannot exhaust (20,000 trials) and
 stops itself at the end of its window (one device command), keeping every record measured so far:
@@ -587,7 +587,7 @@ def aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
 
 def summarize_cells(arm_cells: dict[str, dict[str, Any]], eval_cells: dict[str, dict[str, Any]],
                     tol: float = TTQ_TOLERANCE) -> dict[str, Any]:
-    """The issue's table: per network and baseline, the ratios per seed, their geometric means
+    """The results table: per network and baseline, the ratios per seed, their geometric means
     and worst runs; per arm, the speed-up over untuned."""
     networks: dict[str, Any] = {}
     for ev in sorted(eval_cells.values(), key=lambda c: (c.get("network", ""), c.get("seed", 0))):
@@ -605,7 +605,8 @@ def summarize_cells(arm_cells: dict[str, dict[str, Any]], eval_cells: dict[str, 
                           "stopped_at_window": cell.get("stopped_at_window"),
                           "cpu_util_mean": cell.get("cpu_util_mean"), "gpu_util_mean": cell.get("gpu_util_mean")}
         n = networks.setdefault(net, {"runs": [], "vs": {b: [] for b in BASELINES}, "speedup": {}})
-        run = {"seed": seed, "untuned_ms": ev["untuned_ms"], "eval_machine": ev.get("machine"), "arms": {}}
+        run = {"seed": seed, "untuned_ms": ev["untuned_ms"], "gpu": ev.get("gpu"), "eval_machine": ev.get("machine"),
+               "arms": {}}
         for arm, s in sides.items():
             final = s["curve"][-1][1]
             sp = round(ev["untuned_ms"] / final, 3) if final else None
@@ -630,12 +631,46 @@ def summarize_cells(arm_cells: dict[str, dict[str, Any]], eval_cells: dict[str, 
     return networks
 
 
+# The goals of the real-budget comparison: (name, baseline or None for sharetune alone, metric,
+# comparison, bound). Judged on the geometric mean over seeds, for every network of HEADLINE.
+HEADLINE = ("resnet50", "mobilenet_v2")
+GOALS: tuple[tuple[str, str | None, str, str, float], ...] = (
+    ("throughput_vs_stock", "stock", "throughput_ratio", ">=", 6.0),
+    ("time_to_quality_vs_stock", "stock", "time_to_quality_ratio", ">=", 5.0),
+    ("final_latency_vs_stock", "stock", "latency_ratio", "<=", 0.95),
+    ("throughput_vs_stock_tuned", "stock-tuned", "throughput_ratio", ">=", 2.0),
+    ("time_to_quality_vs_stock_tuned", "stock-tuned", "time_to_quality_ratio", ">=", 2.0),
+    ("tuned_vs_untuned", None, "speedup_vs_untuned", ">=", 1.3),
+)
+
+
+def goals(networks: dict[str, Any], headline: tuple[str, ...] = HEADLINE) -> dict[str, Any]:
+    """Each goal judged per network (True/False; None where the value could not be measured,
+    e.g. a time-to-quality ratio against a baseline that never improved) and over the headline
+    networks (None unless every one of them was judged)."""
+    by_network: dict[str, dict[str, bool | None]] = {}
+    values: dict[str, dict[str, Any]] = {}
+    for net, n in networks.items():
+        for name, base, metric, op, bound in GOALS:
+            agg = (n.get("speedup_vs_untuned", {}).get("sharetune") if base is None
+                   else n.get("vs", {}).get(base, {}).get(metric))
+            v = agg.get("geomean") if agg else None
+            ok = None if v is None else (v >= bound if op == ">=" else v <= bound)
+            by_network.setdefault(net, {})[name] = ok
+            values.setdefault(net, {})[name] = {"geomean": v, "worst": agg.get("worst") if agg else None,
+                                                "goal": f"{op} {bound}"}
+    met: dict[str, bool | None] = {}
+    for name, *_ in GOALS:
+        judged = [by_network.get(net, {}).get(name) for net in headline]
+        met[name] = None if any(j is None for j in judged) else all(judged)
+    return {"goals_met": met, "goals_met_by_network": by_network, "goal_values": values}
+
+
 def summarize(a: argparse.Namespace) -> int:
     arms = load_cells(ARMS_FILE)
     evs = load_cells(EVAL_FILE)
     networks = summarize_cells(arms, evs, a.tolerance)
     doc = {
-        "issue": 21,
         "how_measured": {
             "arms": {"stock": "stock MetaSchedule as shipped: one process, LocalBuilder(), RPCRunner(max_workers=1), "
                               "one RPC server, evolutionary search, 64 per batch, gradient scheduler",
@@ -660,7 +695,10 @@ def summarize(a: argparse.Namespace) -> int:
                                      "never reached it",
             "speedup_vs_untuned": "untuned latency / the arm's final latency",
             "geomean": "over seeds, with the worst run beside it",
+            "goals_met": "each goal on the geometric mean over seeds; null where it could not be judged (a network "
+                         f"of {', '.join(HEADLINE)} not run, or a ratio without a value)",
         },
+        **goals(networks),
         "networks": networks,
     }
     out = Path(a.out)
@@ -694,7 +732,8 @@ def plot(networks: dict[str, Any], path: Path) -> None:
             ax.step(xs, ys, where="post", marker="o", ms=3, color=colors.get(arm),
                     label=f"{arm}: {v['trials_per_s']} trials/s, {v['speedup_vs_untuned']}x")
         ax.axhline(r["untuned_ms"], ls=":", color="k", lw=1, label=f"untuned {r['untuned_ms']} ms")
-        ax.set_title(f"{net}, seed {r['seed']}")
+        gpu = (r.get("gpu") or "").split(",")[0].replace("NVIDIA ", "")
+        ax.set_title(f"{net}, seed {r['seed']}" + (f" ({gpu})" if gpu else ""))
         ax.set_xlabel("wall time of the arm (s)")
         ax.set_ylabel("end-to-end latency (ms)")
         ax.legend(fontsize=7)

@@ -1,4 +1,4 @@
-"""Issue 21's metrics (bench/h200/real_budget.py) on synthetic curves: no TVM, no GPU."""
+"""The real-budget metrics (bench/h200/real_budget.py) on synthetic curves: no TVM, no GPU."""
 
 from __future__ import annotations
 
@@ -78,3 +78,21 @@ def test_summarize_cells_pairs_arms_of_one_network_and_seed() -> None:
     assert n["vs"]["stock"]["per_seed"][0]["same_machine"] is True
     assert n["speedup_vs_untuned"]["sharetune"]["geomean"] == 2.0
     assert n["speedup_vs_untuned"]["stock"]["worst"] == 1.25
+
+
+def test_goals_are_judged_per_network_and_only_over_every_headline_network() -> None:
+    agg = {"throughput_ratio": {"geomean": 7.0, "worst": 6.5}, "time_to_quality_ratio": {"geomean": None},
+           "latency_ratio": {"geomean": 0.9, "worst": 0.97}}
+    tuned = {"throughput_ratio": {"geomean": 1.5, "worst": 1.4}, "time_to_quality_ratio": {"geomean": 2.5},
+             "latency_ratio": {"geomean": 1.0}}
+    nets = {"resnet50": {"vs": {"stock": agg, "stock-tuned": tuned},
+                         "speedup_vs_untuned": {"sharetune": {"geomean": 2.0, "worst": 1.9}}}}
+    g = rb.goals(nets, headline=("resnet50",))
+    assert g["goals_met"] == {"throughput_vs_stock": True, "time_to_quality_vs_stock": None,
+                              "final_latency_vs_stock": True, "throughput_vs_stock_tuned": False,
+                              "time_to_quality_vs_stock_tuned": True, "tuned_vs_untuned": True}
+    assert g["goal_values"]["resnet50"]["final_latency_vs_stock"] == {"geomean": 0.9, "worst": 0.97, "goal": "<= 0.95"}
+    # a headline network that was not run leaves every goal unjudged, whatever the others say
+    both = rb.goals(nets, headline=("resnet50", "mobilenet_v2"))
+    assert set(both["goals_met"].values()) == {None}
+    assert both["goals_met_by_network"]["resnet50"]["throughput_vs_stock"] is True
