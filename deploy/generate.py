@@ -22,7 +22,11 @@ def render() -> str:
                            "--namespace", NAMESPACE, "--skip-tests"], check=True, capture_output=True, text=True).stdout
     header = ("# Generated from helm/sharetune by deploy/generate.py: do not edit by hand.\n"
               "# kubectl apply -f deploy/sharetune.yaml\n"
-              f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NAMESPACE}\n")
+              f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NAMESPACE}\n"
+              # Pod Security, stated: the GPU pool daemons need hostIPC and root (docs/security.md),
+              # which only the privileged level admits; the audit log shows what baseline would refuse.
+              "  labels:\n    pod-security.kubernetes.io/enforce: privileged\n"
+              "    pod-security.kubernetes.io/audit: baseline\n")
     return header + body
 
 

@@ -6,7 +6,7 @@ security and naming is unit-testable without a cluster.
 Privileges, kept minimal and stated:
 - The MPS daemon pod is the only one that requests a GPU (``nvidia.com/gpu: 1``) and the only
   one running as root: it creates the per-job pipe/log directory on the host (hostPath
-  ``/run/sharetune/mps/<namespace>-<job>``) that the servers, a different pod, must reach, and
+  ``/run/sharetune/mps/<job UID>``: unique, so no two jobs share one) that the servers, a different pod, must reach, and
   makes it usable by the tuner UID. It is not privileged and does not escalate. We do not switch
   the GPU to EXCLUSIVE_PROCESS (that needs a privileged pod); MPS works in DEFAULT compute mode.
 - Daemon and servers use ``hostIPC``: MPS clients and the MPS server exchange memory handles
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,8 @@ from .api.topology import store_uri as _store_uri
 from .api.topology import BUILD_AUTHKEY_FILE_ENV, BUILD_KEY_DIR, BUILD_KEY_FILE, BUILD_PORT
 from .api.topology import POOL_LABEL, POOL_NODE_ANNOTATION, TENANT_ENV, pool_host_dir, pool_pod_name
 from .admission import GpuId
+from .netpolicy import NetworkConfig, job_policy
+from .requests import with_default_requests
 from .sharing import DEVICE_PLUGIN, EXCLUSIVE, POOL, Sharing
 
 TUNER_UID = 1000
@@ -106,6 +109,19 @@ def _store_env(spec: TuningJobSpec) -> list[dict[str, Any]]:
 
 
 NO_MULTICAST_ENV = [{"name": k, "value": v} for k, v in NO_MULTICAST.items()]
+# The NVIDIA container runtime mounts no GPU into a container asking for "void" (CUDA base
+# images default to "all": every GPU of the node, around the device plugin's accounting).
+NO_GPU = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
+
+
+def _without_gpus(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A CPU job's pods see no GPU (in place)."""
+    for o in objs:
+        pod = o["spec"] if o["kind"] == "Pod" else (o.get("spec") or {}).get("template", {}).get("spec")
+        for c in (pod or {}).get("containers", []):
+            if not any(e["name"] == NO_GPU["name"] for e in c["env"]):
+                c["env"].append(dict(NO_GPU))
+    return objs
 
 
 def _container(spec: TuningJobSpec, image: str, name: str, args: list[str], *, env: list[dict[str, Any]] | None = None,
@@ -186,7 +202,8 @@ def _group_labels(d: dict[str, str], g: int | None) -> dict[str, str]:
 
 
 def _mps_host_dir(job: JobRef, g: int | None = None) -> str:
-    return in_group(f"{MPS_HOST_ROOT}/{job.namespace}-{job.name}", g)
+    # The job's UID, not its name: "<namespace>-<name>" is the same for team-a/x-y and team-a-x/y.
+    return in_group(f"{MPS_HOST_ROOT}/{job.uid}", g)
 
 
 def _mps_client_parts(job: JobRef, g: int | None = None) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
@@ -225,13 +242,29 @@ def _device(sharing: Sharing | None, g: int | None) -> GpuId:
     return sharing.placement.devices[g or 0]
 
 
-def plan(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, sharing: Sharing | None = None
+def tracker_key(job: JobRef) -> str:
+    """The key the job's servers register under and its clients ask for: the job's UID (random,
+    unique), not its name, so no pod can guess it and register a server of its own."""
+    return f"sharetune-{job.uid}"
+
+
+def plan(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, sharing: Sharing | None = None,
+         network: NetworkConfig | None = None, requests: Mapping[str, Mapping[str, str]] | None = None
          ) -> list[dict[str, Any]]:
     """Every object the running job needs (the merge Job comes later: :func:`plan_merge`).
-    ``sharing``: the job's mode (and placement in mode pool); None = exclusive."""
+    ``sharing``: the job's mode (and placement in mode pool); None = exclusive. ``network`` and
+    ``requests``: the chart's networkPolicy and defaultRequests values (None: the defaults).
+    ``image`` is the chart's tuner image: the job's ``spec.image`` runs its tracker, servers,
+    clients and builders, never its MPS daemon (root, hostIPC, a host directory)."""
+    daemon_image = image
     image = spec.raw.get("image") or image
     n = ChildNames(job.name)
     objs: list[dict[str, Any]] = []
+    # First, so no pod of the job is ever up without it.
+    policy = job_policy(n.network_policy, job.namespace, job.name, METRICS_PORT, network or NetworkConfig(),
+                        _meta(job, n.network_policy, "network"))
+    if policy is not None:
+        objs.append(policy)
     objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, n.spec, "spec"),
                  "data": {"job.yaml": job_manifest(job, spec)}})
     objs += _rbac(job, spec)
@@ -241,12 +274,14 @@ def plan(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, sharing: 
     # ConfigMap output, the records) into it. S3 output keeps only the summary here.
     objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, n.result(spec), "result"), "data": {}})
     if spec.uses_mps and _mode(spec, sharing) == EXCLUSIVE:
-        objs += [_mps_daemon(job, spec, image, g) for g in gpu_groups(spec)]
+        objs += [_mps_daemon(job, spec, daemon_image, g) for g in gpu_groups(spec)]
     objs += _tracker(job, spec, image)
     objs += [_servers(job, spec, image, g, sharing) for g in gpu_groups(spec)]
     objs += _builders(job, spec, image)  # before the clients: their workers warm up meanwhile
     objs.append(_clients(job, spec, image))
-    return objs
+    if spec.target != "cuda":
+        _without_gpus(objs)
+    return with_default_requests(objs, requests)
 
 
 def _rbac(job: JobRef, spec: TuningJobSpec) -> list[dict[str, Any]]:
@@ -294,8 +329,9 @@ def _tracker_addr(job: JobRef) -> str:
 
 def _tracker(job: JobRef, spec: TuningJobSpec, image: str) -> list[dict[str, Any]]:
     name = ChildNames(job.name).tracker
-    c = _container(spec, image, "tracker", commands.tracker(TRACKER_PORT, metrics_port=METRICS_PORT))
+    c = _container(spec, image, "tracker", commands.tracker(TRACKER_PORT, metrics_port=METRICS_PORT), env=[NO_GPU])
     c["ports"].append({"name": "tracker", "containerPort": TRACKER_PORT})
+    c["readinessProbe"] = {"tcpSocket": {"port": "tracker"}, "periodSeconds": 2}  # ready = accepting servers
     dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(job, name, "tracker"),
            "spec": {"replicas": 1, "strategy": {"type": "Recreate"},
                     "selector": {"matchLabels": selector(job.name, "tracker")},
@@ -317,12 +353,14 @@ def _mps_limits_env(thread_percentage: int | None, pinned: str | None) -> list[d
     return env
 
 
-def _pool_client_parts(job: JobRef, spec: TuningJobSpec, dev: GpuId
+def _pool_client_parts(job: JobRef, spec: TuningJobSpec, sharing: Sharing | None, g: int | None
                        ) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
     """What a pod of a pool-mode job needs to be an MPS client of GPU ``dev``'s pool: (volume,
     mount, env, pod fields). Pinned to the GPU's node by name: the ledger chose the node, so the
     job's own affinity is not applied (its nodeSelector was what the ledger matched)."""
-    vol = {"name": "mps", "hostPath": {"path": pool_host_dir(dev.index), "type": "Directory"}}
+    assert sharing is not None
+    dev = _device(sharing, g)
+    vol = {"name": "mps", "hostPath": {"path": pool_host_dir(sharing.pool_namespace, dev.index), "type": "Directory"}}
     env = [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/mps/pipe"},
            {"name": "CUDA_MPS_LOG_DIRECTORY", "value": "/mps/log"},
            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
@@ -335,7 +373,7 @@ def _pool_client_parts(job: JobRef, spec: TuningJobSpec, dev: GpuId
 
 def _servers(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None, sharing: Sharing | None = None
              ) -> dict[str, Any]:
-    args = commands.server(spec, _tracker_addr(job), job.name, SERVER_PORT, SERVER_PORT + 1,
+    args = commands.server(spec, _tracker_addr(job), tracker_key(job), SERVER_PORT, SERVER_PORT + 1,
                            metrics_port=METRICS_PORT)
     env: list[dict[str, Any]] = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
     volumes, mounts, extra = [], [], {}
@@ -344,7 +382,7 @@ def _servers(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None,
     pool_label: dict[str, str] = {}
     if mode == POOL:
         dev = _device(sharing, g)
-        vol, mount, pool_env, extra = _pool_client_parts(job, spec, dev)
+        vol, mount, pool_env, extra = _pool_client_parts(job, spec, sharing, g)
         volumes, mounts = [vol], [mount]
         env += pool_env + _mps_limits_env(spec.servers.thread_percentage, spec.servers.pinned_memory_limit)
         pool_label = {POOL_LABEL: pool_pod_name(dev.node, dev.index)}  # the pool's recovery rolls them
@@ -388,7 +426,7 @@ def _progress_uri(job: JobRef, spec: TuningJobSpec) -> str | None:
 def _clients(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
     n = ChildNames(job.name)
     vol, mount = _job_spec_volume(job)
-    args = commands.client(JOB_MANIFEST, f"{POD_WORK_DIR}/shard", _tracker_addr(job), job.name, spec.total_servers,
+    args = commands.client(JOB_MANIFEST, f"{POD_WORK_DIR}/shard", _tracker_addr(job), tracker_key(job), spec.total_servers,
                            store=store_uri(job, spec), progress=_progress_uri(job, spec), metrics_port=METRICS_PORT,
                            build_service=_builders_addr(job, spec))
     mvols, mmounts, menv = _model_volume(spec)
@@ -478,7 +516,8 @@ def _fail_fast(container: str, action: str) -> dict[str, Any]:
 
 
 def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, shards: int | None = None,
-               sharing: Sharing | None = None) -> dict[str, Any]:
+               sharing: Sharing | None = None, requests: Mapping[str, Mapping[str, str]] | None = None
+               ) -> dict[str, Any]:
     """The merge Job, created once every shard is done. On a GPU job it measures the tuned model
     on the job's GPU as one more MPS client at 100% (mode pool: at the job's share, within its
     booking; mode devicePlugin: on one replica). ``shards``: the shards the clients ran when
@@ -497,7 +536,7 @@ def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, sha
     resources: dict[str, Any] | None = None
     mode = _mode(spec, sharing)
     if mode == POOL:  # under the first GPU's pool, inside the job's share
-        vol_, mount_, pool_env, extra = _pool_client_parts(job, spec, _device(sharing, None))
+        vol_, mount_, pool_env, extra = _pool_client_parts(job, spec, sharing, None)
         volumes.append(vol_)
         mounts.append(mount_)
         env += pool_env + _mps_limits_env(spec.sharing.share, spec.sharing.pinned_memory)
@@ -515,9 +554,10 @@ def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, sha
         extra = {"hostIPC": True, "affinity": _follow_daemon(job, g0)}
     c = _container(spec, image, "merge", args, env=env, mounts=mounts, probe=False, resources=resources)
     pod = _pod_spec(spec, [c], volumes=volumes, service_account=n.service_account, restartPolicy="Never", **extra)
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job, n.merge, "merge"),
-            "spec": {"backoffLimit": 2, "podFailurePolicy": _fail_fast("merge", "FailJob"),
-                     "template": {"metadata": {"labels": labels(job.name, "merge")}, "spec": pod}}}
+    merge = {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job, n.merge, "merge"),
+             "spec": {"backoffLimit": 2, "podFailurePolicy": _fail_fast("merge", "FailJob"),
+                      "template": {"metadata": {"labels": labels(job.name, "merge")}, "spec": pod}}}
+    return with_default_requests(_without_gpus([merge]) if spec.target != "cuda" else [merge], requests)[0]
 
 
 # ---- GPU pools (mode pool; docs/gpu-pools.md) -----------------------------------------------------
@@ -528,7 +568,8 @@ def pool_labels(node: str, index: int) -> dict[str, str]:
 
 
 def plan_pool(node: str, index: int, namespace: str, image: str = DEFAULT_IMAGE,
-              tolerations: tuple[dict[str, Any], ...] | list[dict[str, Any]] = ()) -> dict[str, Any]:
+              tolerations: tuple[dict[str, Any], ...] | list[dict[str, Any]] = (),
+              requests: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Any]:
     """The MPS control daemon of GPU ``index`` on ``node``, shared by every pool-mode job placed
     there: the operator's, in its own namespace (no owner: it outlives the jobs, and is deleted
     when idle). Pinned to the node by name and holding one ``nvidia.com/gpu`` (which one is the
@@ -553,13 +594,14 @@ def plan_pool(node: str, index: int, namespace: str, image: str = DEFAULT_IMAGE,
     pod: dict[str, Any] = {
         "containers": [c],
         "volumes": [{"name": "scratch", "emptyDir": {}},
-                    {"name": "mps", "hostPath": {"path": pool_host_dir(index), "type": "DirectoryOrCreate"}}],
+                    {"name": "mps", "hostPath": {"path": pool_host_dir(namespace, index), "type": "DirectoryOrCreate"}}],
         "nodeSelector": {"kubernetes.io/hostname": node}, "hostIPC": True, "restartPolicy": "Always",
         "automountServiceAccountToken": False, "enableServiceLinks": False, "terminationGracePeriodSeconds": 30,
     }
     if tolerations:
         pod["tolerations"] = copy.deepcopy(list(tolerations))
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "labels": pool_labels(node, index),
-                         "annotations": {POOL_NODE_ANNOTATION: node}},
-            "spec": pod}
+    daemon = {"apiVersion": "v1", "kind": "Pod",
+              "metadata": {"name": name, "namespace": namespace, "labels": pool_labels(node, index),
+                           "annotations": {POOL_NODE_ANNOTATION: node}},
+              "spec": pod}
+    return with_default_requests([daemon], requests)[0]

@@ -112,7 +112,8 @@ class SharingConfig:
         mode = self.mode_of(spec)
         if mode is None:
             return None
-        return Sharing(mode, placement, spec.sharing.device_plugin_resource or self.device_plugin_resource)
+        return Sharing(mode, placement, spec.sharing.device_plugin_resource or self.device_plugin_resource,
+                       self.pool_namespace)
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,7 @@ class Sharing:
     mode: str
     placement: Placement | None = None
     resource_name: str = DEFAULT_DEVICE_PLUGIN_RESOURCE
+    pool_namespace: str = "sharetune-system"  # the pool daemons' (the release's): keys their host directories
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

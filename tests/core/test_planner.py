@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from sharetune.planner import JobRef, plan, plan_merge, store_uri
 from sharetune.api.spec import parse_spec
 
@@ -60,7 +62,7 @@ def test_mps_job_daemon_servers_and_security() -> None:
     k = by_kind(plan(JOB, s))
     daemon = k["Pod"][0]
     dc = containers(daemon)[0]
-    assert dc["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    assert dc["resources"] == {"limits": {"nvidia.com/gpu": "1"}, "requests": {"cpu": "50m", "memory": "64Mi"}}
     assert dc["securityContext"]["runAsUser"] == 0 and dc["securityContext"]["privileged"] is False
     assert dc["securityContext"]["allowPrivilegeEscalation"] is False
     assert pod_spec(daemon)["hostIPC"] is True
@@ -136,7 +138,7 @@ def test_multi_gpu_job_has_a_daemon_and_a_server_group_per_gpu() -> None:
     for g in range(3):
         daemon, srv = daemons[f"tj-mps-{g}"], servers[f"tj-servers-{g}"]
         assert daemon["metadata"]["labels"][GPU_INDEX] == str(g)
-        assert containers(daemon)[0]["resources"] == {"limits": {"nvidia.com/gpu": "1"}}  # one GPU each
+        assert containers(daemon)[0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}  # one GPU each
         assert srv["spec"]["replicas"] == 4  # servers.replicas per GPU
         # The group's servers follow their own daemon (same node, same pipe directory) ...
         term = pod_spec(srv)["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
@@ -155,7 +157,7 @@ def test_multi_gpu_job_has_a_daemon_and_a_server_group_per_gpu() -> None:
     assert len(host_dirs) == 3
     # All clients share all 12 servers through the job's one tracker key.
     args = containers(k["Job"][0])[0]["args"]
-    assert args[args.index("--servers") + 1] == "12" and args[args.index("--key") + 1] == "tj"
+    assert args[args.index("--servers") + 1] == "12" and args[args.index("--key") + 1] == "sharetune-uid-1"
     assert [n for _, n, _ in daemon_names("tj", s)] == ["tj-mps-0", "tj-mps-1", "tj-mps-2"]
     assert servers_scale("tj", s, 6) == [("tj-servers-0", 6), ("tj-servers-1", 6), ("tj-servers-2", 6)]
     # Without MPS each server owns a GPU: still one group (Deployment) of servers.replicas per GPU,
@@ -279,7 +281,7 @@ def test_pool_mode_servers_join_the_gpu_pool_they_were_placed_on() -> None:
     assert pod["nodeSelector"] == {"gpu": "h200", "kubernetes.io/hostname": "gpu-b"} and "affinity" not in pod
     assert pod["hostIPC"] is True and "nvidia.com/gpu" not in str(c.get("resources"))
     assert next(v for v in pod["volumes"] if v["name"] == "mps")["hostPath"] == {
-        "path": "/run/sharetune/pools/gpu-1", "type": "Directory"}
+        "path": "/run/sharetune/pools/sharetune-system/gpu-1", "type": "Directory"}
     env = _env(c)
     # The share split between the 2 servers, the memory budget likewise.
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25" and env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
@@ -296,9 +298,9 @@ def test_pool_mode_servers_join_the_gpu_pool_they_were_placed_on() -> None:
     assert "ownerReferences" not in m and m["labels"]["app.kubernetes.io/component"] == "gpu-pool"
     assert dpod["nodeSelector"] == {"kubernetes.io/hostname": "gpu-b"} and dpod["hostIPC"] is True
     assert dpod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
-    assert dc["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    assert dc["resources"] == {"limits": {"nvidia.com/gpu": "1"}, "requests": {"cpu": "50m", "memory": "64Mi"}}
     assert dc["securityContext"]["privileged"] is False and not dc["securityContext"]["allowPrivilegeEscalation"]
-    assert next(v for v in dpod["volumes"] if v["name"] == "mps")["hostPath"]["path"] == "/run/sharetune/pools/gpu-1"
+    assert next(v for v in dpod["volumes"] if v["name"] == "mps")["hostPath"]["path"] == "/run/sharetune/pools/sharetune-system/gpu-1"
     # No default limits on a shared daemon: each job's servers set their own.
     assert dc["args"] == ["mps-daemon", "--pipe-dir", "/mps/pipe", "--log-dir", "/mps/log", "--metrics-port", "9400"]
     # The merge measures under the same pool, inside the job's share and memory budget.
@@ -317,8 +319,8 @@ def test_pool_mode_multi_gpu_groups_follow_their_own_gpus() -> None:
     placed = Sharing("pool", Placement((GpuId("gpu-a", 0), GpuId("gpu-b", 3)), 40))
     servers = {d["metadata"]["name"]: d for d in plan(JOB, s, sharing=placed) if d["kind"] == "Deployment"
                and d["metadata"]["labels"]["app.kubernetes.io/component"] == "server"}
-    for name, node, path in (("tj-servers-0", "gpu-a", "/run/sharetune/pools/gpu-0"),
-                             ("tj-servers-1", "gpu-b", "/run/sharetune/pools/gpu-3")):
+    for name, node, path in (("tj-servers-0", "gpu-a", "/run/sharetune/pools/sharetune-system/gpu-0"),
+                             ("tj-servers-1", "gpu-b", "/run/sharetune/pools/sharetune-system/gpu-3")):
         pod = pod_spec(servers[name])
         assert pod["nodeSelector"]["kubernetes.io/hostname"] == node
         assert next(v for v in pod["volumes"] if v["name"] == "mps")["hostPath"]["path"] == path
@@ -341,7 +343,7 @@ def test_device_plugin_mode_servers_request_a_replica_and_run_no_daemon() -> Non
     assert pod["nodeSelector"] == {"gpu": "h200"}
     assert _env(c)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "20"  # can only lower the plugin's split
     merge = plan_merge(JOB, s, sharing=sharing)
-    assert containers(merge)[0]["resources"] == {"limits": {"example.com/mps-gpu": "1"}}
+    assert containers(merge)[0]["resources"]["limits"] == {"example.com/mps-gpu": "1"}
 
 
 def test_exclusive_mode_is_todays_plan_and_a_pool_needs_a_placement() -> None:
@@ -363,3 +365,110 @@ def test_exclusive_mode_is_todays_plan_and_a_pool_needs_a_placement() -> None:
     assert cfg.sharing_of(dp) == Sharing("devicePlugin", None, "example.com/gpu")
     assert SharingConfig(default_mode="devicePlugin").sharing_of(s) == Sharing("devicePlugin", None,
                                                                                  "nvidia.com/gpu.shared")
+
+
+def test_host_directories_are_keyed_so_no_two_jobs_or_releases_share_one() -> None:
+    from sharetune.admission import GpuId, Placement
+    from sharetune.planner import plan_pool
+    from sharetune.sharing import Sharing
+
+    s = parse_spec("resnet50-gpu", {"model": {"name": "resnet18"}, "target": "cuda"})
+
+    def mps_dir(job: JobRef) -> str:
+        daemon = next(o for o in plan(job, s) if o["kind"] == "Pod")
+        return next(v for v in pod_spec(daemon)["volumes"] if v["name"] == "mps")["hostPath"]["path"]
+
+    # "<namespace>-<name>" was the same for these two jobs of different tenants.
+    a, b = JobRef("resnet50-gpu", "team-a", "uid-a"), JobRef("a-resnet50-gpu", "team", "uid-b")
+    assert mps_dir(a) == "/run/sharetune/mps/uid-a" and mps_dir(b) == "/run/sharetune/mps/uid-b"
+    # Two releases' pools of the same GPU on one node: two daemons, two pipe directories; each
+    # release's servers join their own.
+    paths = {ns: next(v for v in pod_spec(plan_pool("gpu-a", 0, ns))["volumes"] if v["name"] == "mps")["hostPath"]["path"]
+             for ns in ("sharetune-system", "sharetune-b")}
+    assert paths == {"sharetune-system": "/run/sharetune/pools/sharetune-system/gpu-0",
+                     "sharetune-b": "/run/sharetune/pools/sharetune-b/gpu-0"}
+    placed = Sharing("pool", Placement((GpuId("gpu-a", 0),), 50), pool_namespace="sharetune-b")
+    srv = next(o for o in plan(a, s, sharing=placed) if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("servers"))
+    assert next(v for v in pod_spec(srv)["volumes"] if v["name"] == "mps")["hostPath"]["path"] == paths["sharetune-b"]
+
+
+def test_only_the_jobs_own_pods_reach_its_tracker_servers_and_builders() -> None:
+    from sharetune.netpolicy import NetworkConfig, NetworkConfigError
+
+    s = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda", "builders": {"replicas": 2}})
+    objs = plan(JOB, s)
+    pol = by_kind(objs)["NetworkPolicy"]
+    assert objs[0] is pol[0]  # created before any pod of the job
+    spec = pol[0]["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"sharetune.io/job": "tj"}} and spec["policyTypes"] == ["Ingress"]
+    own, scrapers = spec["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": {"sharetune.io/job": "tj"}}}]}  # any port, same namespace
+    assert scrapers == {"from": [{"namespaceSelector": {}}], "ports": [{"protocol": "TCP", "port": 9400}]}
+    # Every pod the job runs (merge included) is selected by the policy.
+    for o in [*objs, plan_merge(JOB, s)]:
+        if o["kind"] in ("Pod", "Deployment", "Job"):
+            meta = o["metadata"] if o["kind"] == "Pod" else o["spec"]["template"]["metadata"]
+            assert meta["labels"]["sharetune.io/job"] == "tj", o["metadata"]["name"]
+    # The tracker key is the job's UID on both sides, never its name.
+    k = by_kind(objs)
+    srv = next(d for d in k["Deployment"] if d["metadata"]["name"] == "tj-servers")
+    for args in (containers(srv)[0]["args"], containers(k["Job"][0])[0]["args"]):
+        assert args[args.index("--key") + 1] == "sharetune-uid-1"
+    # The chart's values: scrapers narrowed, or no policy at all; bad values name the setting.
+    cfg = NetworkConfig.from_env({"SHARETUNE_METRICS_SCRAPERS":
+                                  '[{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mon"}}}]'})
+    narrowed = by_kind(plan(JOB, s, network=cfg))["NetworkPolicy"][0]["spec"]["ingress"][1]["from"]
+    assert narrowed == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mon"}}}]
+    assert len(by_kind(plan(JOB, s, network=NetworkConfig.from_env({"SHARETUNE_METRICS_SCRAPERS": "[]"})))
+               ["NetworkPolicy"][0]["spec"]["ingress"]) == 1
+    assert "NetworkPolicy" not in by_kind(plan(JOB, s, network=NetworkConfig.from_env({"SHARETUNE_NETWORK_POLICY": "false"})))
+    for env, words in (({"SHARETUNE_NETWORK_POLICY": "yes"}, "networkPolicy.enabled"),
+                       ({"SHARETUNE_METRICS_SCRAPERS": "{"}, "networkPolicy.metricsScrapers"),
+                       ({"SHARETUNE_METRICS_SCRAPERS": '[{"pods": 1}]'}, "namespaceSelector, podSelector or ipBlock")):
+        with pytest.raises(NetworkConfigError, match=words):
+            NetworkConfig.from_env(env)
+
+
+def test_every_pod_has_requests_and_daemons_run_the_charts_image() -> None:
+    from sharetune.admission import GpuId, Placement
+    from sharetune.planner import DEFAULT_IMAGE, plan_pool
+    from sharetune.requests import RequestsConfigError, from_env
+    from sharetune.sharing import Sharing
+
+    user = {"model": {"name": "resnet18"}, "target": "cuda", "image": "registry.example/team/tuner:1",
+            "builders": {"replicas": 1}, "clients": {"resources": {"requests": {"cpu": "2"}}}}
+    s = parse_spec("tj", user)
+    mine = from_env({"SHARETUNE_DEFAULT_REQUESTS": '{"server": {"memory": "2Gi"}}'})
+    objs = [*plan(JOB, s, requests=mine), plan_merge(JOB, s, requests=mine),
+            *plan(JOB, parse_spec("tj", {**user, "gpuSharing": {"share": 50}}),
+                  sharing=Sharing("pool", Placement((GpuId("n", 0),), 50))),
+            plan_pool("n", 0, "sharetune-system", requests=mine)]
+    seen = set()
+    for o in objs:
+        if o["kind"] not in ("Pod", "Deployment", "Job"):
+            continue
+        for c in containers(o):
+            seen.add(c["name"])
+            assert c["resources"]["requests"], (o["metadata"]["name"], c["name"])  # never BestEffort
+            # Daemons (root, hostIPC) always run the chart's image; the rest the job's own.
+            assert c["image"] == (DEFAULT_IMAGE if c["name"] == "mps-daemon" else user["image"]), c["name"]
+    assert seen == {"mps-daemon", "tracker", "server", "client", "builder", "merge"}
+    srv = next(o for o in objs if o["metadata"]["name"] == "tj-servers")
+    assert containers(srv)[0]["resources"]["requests"] == {"cpu": "100m", "memory": "2Gi"}  # chart value over default
+    clients = next(o for o in objs if o["metadata"]["name"] == "tj-clients")
+    assert containers(clients)[0]["resources"] == {"requests": {"cpu": "2"}}  # the spec's own win
+    with pytest.raises(RequestsConfigError, match="defaultRequests"):
+        from_env({"SHARETUNE_DEFAULT_REQUESTS": '{"webserver": {"cpu": "1"}}'})
+
+
+def test_pods_that_need_no_gpu_see_none() -> None:
+    def gpu_env(o: dict[str, Any]) -> str | None:
+        return _env(containers(o)[0]).get("NVIDIA_VISIBLE_DEVICES")
+
+    cpu = parse_spec("tj", {"model": {"name": "tiny_cnn"}, "builders": {"replicas": 1}})
+    cpu_pods = [o for o in [*plan(JOB, cpu), plan_merge(JOB, cpu)] if o["kind"] in ("Pod", "Deployment", "Job")]
+    assert len(cpu_pods) == 5 and {gpu_env(o) for o in cpu_pods} == {"void"}
+    gpu = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda"})
+    tracker = next(o for o in plan(JOB, gpu) if o["kind"] == "Deployment" and o["metadata"]["name"] == "tj-tracker")
+    assert gpu_env(tracker) == "void"
+    assert containers(tracker)[0]["readinessProbe"] == {"tcpSocket": {"port": "tracker"}, "periodSeconds": 2}

@@ -115,6 +115,30 @@ def test_gpu_sharing_values_reach_the_operator() -> None:
     assert bad.returncode != 0 and "defaultMode" in bad.stderr
 
 
+def test_network_policy_and_request_values_reach_the_operator() -> None:
+    """networkPolicy and defaultRequests become the operator's environment, read back by the
+    planner's config as they were set; a typo in either is refused by the chart's schema."""
+    from sharetune import requests as pod_requests
+    from sharetune.netpolicy import NetworkConfig
+
+    def env_of(*sets: str) -> dict[str, str]:
+        out = helm(None, "template", "x", str(CHART), "-n", "ops", "--show-only", "templates/deployment.yaml",
+                   *[a for s in sets for a in ("--set", s)]).stdout
+        return {e["name"]: e["value"] for e in yaml.safe_load(out)["spec"]["template"]["spec"]["containers"][0]["env"]
+                if "value" in e}
+
+    assert NetworkConfig.from_env(env_of()) == NetworkConfig()
+    assert pod_requests.from_env(env_of()) == pod_requests.DEFAULT_REQUESTS
+    env = env_of("networkPolicy.metricsScrapers[0].namespaceSelector.matchLabels.team=mon",
+                 "defaultRequests.server.memory=2Gi")
+    assert NetworkConfig.from_env(env).metrics_scrapers == ({"namespaceSelector": {"matchLabels": {"team": "mon"}}},)
+    assert pod_requests.from_env(env)["server"] == {"cpu": "100m", "memory": "2Gi"}
+    assert not NetworkConfig.from_env(env_of("networkPolicy.enabled=false")).enabled
+    for bad in ("defaultRequests.web.cpu=1", "networkPolicy.metricsScrapers[0].pods=x"):
+        r = helm(None, "template", "x", str(CHART), "--set", bad, check=False)
+        assert r.returncode != 0 and bad.split(".")[1].split("[")[0] in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("cluster_wide", [False, True])
 def test_template_is_valid_for_the_api_server(helm_cluster, cluster_wide: bool) -> None:  # type: ignore[no-untyped-def]
     kubectl(helm_cluster, "create", "namespace", "dry")

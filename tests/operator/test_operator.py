@@ -89,7 +89,15 @@ def test_cpu_job_children_env_and_security(k8s, operator, ns) -> None:  # type: 
     c = srv.containers[0]
     assert not srv.host_ipc and not (c.resources and c.resources.limits)  # CPU job: no GPU, no MPS
     assert c.security_context.run_as_non_root and not c.security_context.allow_privilege_escalation
-    assert c.args[:5] == ["server", "--tracker", "cpu-tracker:9190", "--key", "cpu"]
+    # The tracker key is the job's UID, not its guessable name.
+    uid = get_job(k8s, ns, "cpu")["metadata"]["uid"]
+    assert c.args[:5] == ["server", "--tracker", "cpu-tracker:9190", "--key", f"sharetune-{uid}"]
+    # Only the job's own pods may connect to them (the metrics port also from the chart's scrapers),
+    # as the real API server stored the policy.
+    pol = client.NetworkingV1Api(k8s).read_namespaced_network_policy("cpu-network", ns).spec
+    assert pol.pod_selector.match_labels == {"sharetune.io/job": "cpu"} and pol.policy_types == ["Ingress"]
+    assert pol.ingress[0].from_[0].pod_selector.match_labels == {"sharetune.io/job": "cpu"}
+    assert pol.ingress[0].ports is None and [p.port for p in pol.ingress[1].ports] == [9400]
     # Progress reporting identity: may patch only its own ConfigMaps.
     role = client.RbacAuthorizationV1Api(k8s).read_namespaced_role("cpu-tuner", ns)
     assert role.rules[0].resource_names == ["cpu-shard-0", "cpu-shard-1", "cpu-result"]
@@ -106,7 +114,8 @@ def test_gpu_job_places_servers_with_the_mps_daemon(k8s, operator, ns) -> None: 
     assert daemon.spec.node_name == "kwok-gpu-0" and daemon.spec.host_ipc
     c = daemon.spec.containers[0]
     assert c.resources.limits == {"nvidia.com/gpu": "1"}
-    assert daemon.spec.volumes[1].host_path.path == f"/run/sharetune/mps/{ns}-gpu"
+    # Keyed by the job's UID: no two jobs' names can map to one host directory.
+    assert daemon.spec.volumes[1].host_path.path == f"/run/sharetune/mps/{get_job(k8s, ns, 'gpu')['metadata']['uid']}"
     # No default share on the daemon (it would cap every process, the serving report's too); the
     # servers carry theirs (below).
     assert "--thread-percentage" not in c.args and c.args[c.args.index("--pinned-memory-limit") + 1] == "4G"

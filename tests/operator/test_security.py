@@ -41,6 +41,7 @@ OPERATOR_NEEDS: dict[tuple[str, str], set[str]] = {
     ("batch", "jobs"): {"get", "list", "watch", "create", "patch"},  # clients + merge; snapshot list; clamp
     ("rbac.authorization.k8s.io", "roles"): {"create"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"create"},
+    ("networking.k8s.io", "networkpolicies"): {"create"},  # each job's NetworkPolicy
 }
 
 

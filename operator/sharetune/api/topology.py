@@ -22,8 +22,8 @@ POD_WORK_DIR = "/work"  # an emptyDir: the client's shard database, the merge's 
 MODEL_DIR = "/model"  # an ONNX model from a ConfigMap or PVC, mounted read-only
 MODEL_DIR_ENV = "SHARETUNE_MODEL_DIR"
 MODEL_FILE = "model.onnx"  # a ConfigMap-sourced model's file name in MODEL_DIR
-MPS_HOST_ROOT = "/run/sharetune/mps"  # per-job pipe/log directories on the GPU node
-MPS_POOL_ROOT = "/run/sharetune/pools"  # per-GPU pool pipe/log directories (mode pool), <root>/gpu-<index>
+MPS_HOST_ROOT = "/run/sharetune/mps"  # per-job pipe/log directories on the GPU node, <root>/<job UID>
+MPS_POOL_ROOT = "/run/sharetune/pools"  # per-GPU pool pipe/log directories, <root>/<release namespace>/gpu-<index>
 BUILD_PORT = 9192  # the builder pods' build service (spec.builders; docs/build-pool.md)
 BUILD_KEY_DIR = "/etc/sharetune/build-key"  # the job's build key Secret, mounted read-only
 BUILD_KEY_FILE = "authkey"  # its key and file name
@@ -125,6 +125,11 @@ class ChildNames:
         return f"{self.job}-merge"
 
     @property
+    def network_policy(self) -> str:
+        """Who may connect to the job's pods (sharetune.netpolicy)."""
+        return f"{self.job}-network"
+
+    @property
     def builders(self) -> str:
         """The builders' Deployment, headless Service and HorizontalPodAutoscaler (spec.builders)."""
         return f"{self.job}-builders"
@@ -175,6 +180,7 @@ def pool_pod_name(node: str, index: int) -> str:
     return f"pool-{base}-gpu{index}"
 
 
-def pool_host_dir(index: int) -> str:
-    """The pipe/log directory of GPU ``index``'s pool on its node (a hostPath)."""
-    return f"{MPS_POOL_ROOT}/gpu-{index}"
+def pool_host_dir(namespace: str, index: int) -> str:
+    """The pipe/log directory of GPU ``index``'s pool on its node (a hostPath), under the pool's
+    (the release's) namespace: two releases on one node never share a daemon's pipe."""
+    return f"{MPS_POOL_ROOT}/{namespace}/gpu-{index}"

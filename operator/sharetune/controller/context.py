@@ -4,11 +4,14 @@ API client, the namespaces the operator watches and the tuner image it plans pod
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client, config
 
+from .. import requests as pod_requests
+from ..netpolicy import NetworkConfig
 from ..planner import DEFAULT_IMAGE
 from ..sharing import SharingConfig
 from .metrics import JobPhases
@@ -34,6 +37,9 @@ class Context:
     status_interval_s: float = 3.0
     phases: JobPhases = field(default_factory=JobPhases)
     sharing: SharingConfig = field(default_factory=SharingConfig)  # the chart's gpuSharing values
+    network: NetworkConfig = field(default_factory=NetworkConfig)  # the chart's networkPolicy values
+    requests: Mapping[str, Mapping[str, str]] = field(  # the chart's defaultRequests values
+        default_factory=lambda: pod_requests.from_env({}))
 
     @classmethod
     def from_env(cls, namespaces: tuple[str, ...] = ()) -> "Context":
@@ -41,7 +47,8 @@ class Context:
                    image=os.environ.get("SHARETUNE_TUNER_IMAGE", DEFAULT_IMAGE),
                    status_interval_s=float(os.environ.get("SHARETUNE_STATUS_INTERVAL", "3")),
                    # A bad setting stops the operator at start, naming the variable and chart value.
-                   sharing=SharingConfig.from_env())
+                   sharing=SharingConfig.from_env(), network=NetworkConfig.from_env(os.environ),
+                   requests=pod_requests.from_env(os.environ))
 
     @property
     def core(self) -> client.CoreV1Api:

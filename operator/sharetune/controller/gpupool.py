@@ -174,7 +174,8 @@ def _apply_pools(ctx: Context, decided: TickPlan) -> None:
     for name in decided.replace_pools:
         kube.read_or_none(core.delete_namespaced_pod, name, ns)
     for name, gpu in decided.create_pools.items():
-        pod = plan_pool(gpu.node, gpu.index, ns, ctx.image, tuple(dict(t) for t in ctx.sharing.pool_tolerations))
+        pod = plan_pool(gpu.node, gpu.index, ns, ctx.image, tuple(dict(t) for t in ctx.sharing.pool_tolerations),
+                        ctx.requests)
         try:
             if kube.create(ctx.api, pod):
                 metrics.CHILDREN.labels("Pod").inc()

@@ -29,6 +29,7 @@ def create(api: client.ApiClient, obj: dict[str, Any]) -> bool:
         "RoleBinding": client.RbacAuthorizationV1Api(api).create_namespaced_role_binding,
         "Deployment": client.AppsV1Api(api).create_namespaced_deployment,
         "Job": client.BatchV1Api(api).create_namespaced_job,
+        "NetworkPolicy": client.NetworkingV1Api(api).create_namespaced_network_policy,
     }[kind]
     try:
         fn(ns, obj)

@@ -98,7 +98,7 @@ def create_children(ctx: Context, body: Any, job: JobRef, s: TuningJobSpec, shar
     t0 = time.monotonic()
     created = 0
     try:
-        objs = plan(job, s, ctx.image, sharing)
+        objs = plan(job, s, ctx.image, sharing, ctx.network, ctx.requests)
     except Exception as e:  # a spec the parser let through but the planner cannot use: fail, don't loop
         log.exception("planning %s/%s", job.namespace, job.name)
         metrics.ERRORS.labels("create", "PlanError").inc()
@@ -155,7 +155,7 @@ def recover_mps_daemon(ctx: Context, body: dict[str, Any], job: JobRef, s: Tunin
         if recreate:
             if view.state == "failed":
                 kube.read_or_none(ctx.core.delete_namespaced_pod, daemon_name, job.namespace)
-            daemon = next(o for o in plan(job, s, ctx.image)
+            daemon = next(o for o in plan(job, s, ctx.image, requests=ctx.requests)
                           if o["kind"] == "Pod" and o["metadata"]["name"] == daemon_name)
             if not kube.create(ctx.api, daemon):
                 continue  # the old pod is still being deleted: try again next tick
@@ -273,7 +273,8 @@ def reconcile_status(ctx: Context, body: dict[str, Any], patch: kopf.Patch, snap
     if obs.clamp is not None:
         clamp_clients(ctx, job, obs)
     if obs.clients_succeeded >= obs.client_shards and not obs.merge_exists and not obs.clients_failed:
-        if kube.create(ctx.api, plan_merge(job, s, ctx.image, shards=obs.client_shards, sharing=sharing)):
+        if kube.create(ctx.api, plan_merge(job, s, ctx.image, shards=obs.client_shards, sharing=sharing,
+                                               requests=ctx.requests)):
             metrics.CHILDREN.labels("Job").inc()
             if s.builders is not None:
                 _release_builders(ctx, job)
