@@ -53,3 +53,34 @@ def _rpc_port(log: str) -> str:
         if "listening on port" in line:
             return line.split("listening on port ")[1].split(",")[0]
     raise AssertionError(log)
+
+
+def test_a_server_that_must_use_mps_waits_for_the_daemon_and_never_runs_without_it(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import threading
+    import time
+
+    from sharetune_tuner.errors import MpsError
+    from sharetune_tuner.mps import READY
+    from sharetune_tuner.rpc import ServerConfig, TuningServer
+
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    cfg = ServerConfig("127.0.0.1", 1, "k", require_mps=True, mps_wait_s=0.6)
+    with pytest.raises(MpsError, match="CUDA_MPS_PIPE_DIRECTORY is not set"):
+        TuningServer(cfg).serve(threading.Event())
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    server = TuningServer(cfg)
+    assert server.health() == (True, "waiting for the MPS daemon")
+    t0 = time.monotonic()
+    with pytest.raises(MpsError, match=f"no MPS daemon became ready in {tmp_path}"):
+        server.serve(threading.Event())
+    assert time.monotonic() - t0 < 5 and server.server is None  # no RPC worker (no CUDA) was started
+    # The daemon comes up a moment later: the server goes on (here, until asked to stop).
+    stop = threading.Event()
+    threading.Timer(0.3, lambda: (tmp_path / READY).touch()).start()
+    threading.Timer(1.0, stop.set).start()
+    slow = TuningServer(ServerConfig("127.0.0.1", 1, "k", host="127.0.0.1", port=0, port_end=0,
+                                     require_mps=True, mps_wait_s=10))
+    # Past the wait is TVM's part and the tracker's: not needed here.
+    slow._start = lambda: None  # type: ignore[method-assign]
+    slow.is_registered = lambda: False  # type: ignore[method-assign]
+    assert slow.serve(stop, poll_s=0.1) == 0 and not slow.waiting_for_mps

@@ -26,6 +26,29 @@ log = logging.getLogger("sharetune.mps")
 
 
 READY = "sharetune-ready"  # in the pipe directory: the daemon answers and has its defaults
+PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+
+
+def wait_for_daemon(timeout_s: float, stop: threading.Event | None = None, poll_s: float = 0.5) -> Path:
+    """Blocks until the MPS daemon of ``$CUDA_MPS_PIPE_DIRECTORY`` is ready (its READY marker);
+    returns the pipe directory. A CUDA process started before that would run outside MPS without
+    a word (CUDA falls back to a context of its own), taking the whole GPU and no share limit, so
+    a process that must be an MPS client waits here and otherwise fails with :class:`MpsError`."""
+    pipe = os.environ.get(PIPE_ENV)
+    if not pipe:
+        raise MpsError(f"this process must run under MPS but {PIPE_ENV} is not set: "
+                       "run it with the MPS daemon's pipe directory")
+    marker = Path(pipe) / READY
+    deadline = time.monotonic() + timeout_s
+    while not marker.exists():
+        if time.monotonic() > deadline:
+            raise MpsError(f"no MPS daemon became ready in {pipe} within {timeout_s:.0f} s ({READY} missing): "
+                           "check the job's MPS daemon (or the GPU pool's) on this node")
+        if stop is not None and stop.wait(poll_s):
+            break
+        elif stop is None:
+            time.sleep(poll_s)
+    return Path(pipe)
 
 
 def _dies_with(parent: int) -> Callable[[], None]:

@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import measure_window, metrics
+from . import measure_window, metrics, mps
+from .errors import TunerError
 
 log = logging.getLogger("sharetune.rpc")
 
@@ -69,6 +70,9 @@ class ServerConfig:
     custom_addr: str | None = None  # the address the tracker hands to clients (pod IP)
     name: str = "server"
     reregister_after_s: float = 10.0
+    # The job asked for MPS: wait for the daemon's pipe before any CUDA, never run outside it.
+    require_mps: bool = False
+    mps_wait_s: float = 120.0
 
 
 def apply_mps_limits(cfg: ServerConfig) -> None:
@@ -119,6 +123,7 @@ class TuningServer:
         self.registered = False
         self.restarts = 0
         self.gpu = GpuSampler(cfg.name)
+        self.waiting_for_mps = cfg.require_mps
 
     def _start(self) -> None:
         from tvm.rpc.server import Server
@@ -148,15 +153,28 @@ class TuningServer:
         return False
 
     def health(self) -> tuple[bool, str]:
+        if self.waiting_for_mps:
+            return True, "waiting for the MPS daemon"
         if self.server is None or not self.server.proc.is_alive():
             return False, "rpc worker not running"
         return True, "registered" if self.registered else "running, not registered yet"
 
     def serve(self, stop: threading.Event, poll_s: float = 2.0) -> int:
+        if self.cfg.require_mps:
+            mps.wait_for_daemon(self.cfg.mps_wait_s, stop)
+            self.waiting_for_mps = False
+            if stop.is_set():
+                return 0
         apply_mps_limits(self.cfg)
         if self.windows is not None:  # on the GPU's tenant list while this process lives
             self.windows.join(self.tenant)
-        self._start()
+        try:
+            self._start()
+        except ValueError as e:  # TVM's "cannot bind to any port in [a, b)" (with its worker's traceback)
+            if "cannot bind" not in str(e):
+                raise
+            raise TunerError(f"cannot listen on any port in [{self.cfg.port}, {self.cfg.port_end}) on "
+                             f"{self.cfg.host}: each is taken; choose free ones with --port and --port-end") from None
         lost_since: float | None = None
         try:
             while not stop.wait(poll_s):
