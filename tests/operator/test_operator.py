@@ -96,7 +96,7 @@ def test_cpu_job_children_env_and_security(k8s, operator, ns) -> None:  # type: 
     # as the real API server stored the policy.
     pol = client.NetworkingV1Api(k8s).read_namespaced_network_policy("cpu-network", ns).spec
     assert pol.pod_selector.match_labels == {"sharetune.io/job": "cpu"} and pol.policy_types == ["Ingress"]
-    assert pol.ingress[0].from_[0].pod_selector.match_labels == {"sharetune.io/job": "cpu"}
+    assert pol.ingress[0].var_from[0].pod_selector.match_labels == {"sharetune.io/job": "cpu"}
     assert pol.ingress[0].ports is None and [p.port for p in pol.ingress[1].ports] == [9400]
     # Progress reporting identity: may patch only its own ConfigMaps.
     role = client.RbacAuthorizationV1Api(k8s).read_namespaced_role("cpu-tuner", ns)
