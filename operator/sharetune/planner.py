@@ -6,9 +6,10 @@ security and naming is unit-testable without a cluster.
 Privileges, kept minimal and stated:
 - The MPS daemon pod is the only one that requests a GPU (``nvidia.com/gpu: 1``) and the only
   one running as root: it creates the per-job pipe/log directory on the host (hostPath
-  ``/run/sharetune/mps/<job UID>``: unique, so no two jobs share one) that the servers, a different pod, must reach, and
-  makes it usable by the tuner UID. It is not privileged and does not escalate. We do not switch
-  the GPU to EXCLUSIVE_PROCESS (that needs a privileged pod); MPS works in DEFAULT compute mode.
+  ``/run/sharetune/mps/<job UID>``: unique, so no two jobs share one) that the servers, a
+  different pod, must reach, and makes it usable by the tuner UID. It is not privileged and
+  does not escalate. We do not switch the GPU to EXCLUSIVE_PROCESS (that needs a privileged
+  pod); MPS works in DEFAULT compute mode.
 - Daemon and servers use ``hostIPC``: MPS clients and the MPS server exchange memory handles
   through /dev/shm of the host IPC namespace.
 - Servers do not request the GPU (the device plugin would hand out a second one); they follow the
@@ -45,7 +46,7 @@ from .api.topology import BUILD_AUTHKEY_FILE_ENV, BUILD_KEY_DIR, BUILD_KEY_FILE,
 from .api.topology import POOL_LABEL, POOL_NODE_ANNOTATION, TENANT_ENV, pool_host_dir, pool_pod_name
 from .admission import GpuId
 from .netpolicy import NetworkConfig, job_policy
-from .requests import with_default_requests
+from .requests import pod_specs, with_default_requests
 from .sharing import DEVICE_PLUGIN, EXCLUSIVE, POOL, Sharing
 
 TUNER_UID = 1000
@@ -116,9 +117,8 @@ NO_GPU = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
 
 def _without_gpus(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A CPU job's pods see no GPU (in place)."""
-    for o in objs:
-        pod = o["spec"] if o["kind"] == "Pod" else (o.get("spec") or {}).get("template", {}).get("spec")
-        for c in (pod or {}).get("containers", []):
+    for pod in (p for o in objs for p in pod_specs(o)):
+        for c in pod.get("containers", []):
             if not any(e["name"] == NO_GPU["name"] for e in c["env"]):
                 c["env"].append(dict(NO_GPU))
     return objs

@@ -51,7 +51,8 @@ def from_env(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
     return out
 
 
-def _pod_specs(obj: dict[str, Any]) -> list[dict[str, Any]]:
+def pod_specs(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod spec of a Pod, or of a Deployment's or Job's template; none for other kinds."""
     spec = obj.get("spec") or {}
     if obj.get("kind") == "Pod":
         return [spec]
@@ -64,7 +65,7 @@ def with_default_requests(objs: list[dict[str, Any]], defaults: Mapping[str, Map
     """``objs`` with every container that has no requests given its name's defaults (in place)."""
     table = DEFAULT_REQUESTS if defaults is None else defaults
     for obj in objs:
-        for pod in _pod_specs(obj):
+        for pod in pod_specs(obj):
             for c in pod.get("containers", []):
                 req = table.get(c["name"])
                 if req and not (c.get("resources") or {}).get("requests"):
