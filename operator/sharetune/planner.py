@@ -373,12 +373,13 @@ def _pool_client_parts(job: JobRef, spec: TuningJobSpec, sharing: Sharing | None
 
 def _servers(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None, sharing: Sharing | None = None
              ) -> dict[str, Any]:
+    mode = _mode(spec, sharing)
     args = commands.server(spec, _tracker_addr(job), tracker_key(job), SERVER_PORT, SERVER_PORT + 1,
-                           metrics_port=METRICS_PORT)
+                           metrics_port=METRICS_PORT,
+                           require_mps=mode == POOL or (mode == EXCLUSIVE and spec.uses_mps))
     env: list[dict[str, Any]] = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
     volumes, mounts, extra = [], [], {}
     resources = copy.deepcopy(spec.raw.get("servers", {}).get("resources") or {})
-    mode = _mode(spec, sharing)
     pool_label: dict[str, str] = {}
     if mode == POOL:
         dev = _device(sharing, g)

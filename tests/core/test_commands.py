@@ -10,7 +10,8 @@ import pytest
 
 from sharetune.api.spec import parse_spec
 from sharetune.planner import JobRef, plan, plan_merge
-from sharetune_tuner.cli import build_parser
+from sharetune_tuner.cli import SERVER_PORTS, build_parser, server_ports
+from sharetune_tuner.errors import TunerError
 
 JOB = JobRef("tj", "ns1", "uid-1")
 SPECS: dict[str, dict[str, Any]] = {
@@ -80,3 +81,21 @@ def test_local_mode_starts_the_same_commands(name: str, tmp_path: Path) -> None:
     servers_local = sum(1 for a in local_cmds.values() if a.cmd == "server")
     assert servers_local == s.total_servers
     assert int(pods["client"].servers) == s.total_servers
+
+
+def test_a_server_given_only_its_port_tries_ports_from_there() -> None:
+    """`server --port P` alone tries as many ports from P as the defaults do from 9091 (the end
+    once stayed 9199 wherever P was: an empty range and a traceback above it); a range that is
+    empty is a one-line usage error."""
+    assert server_ports(*_ports("server")) == (9091, 9199)
+    assert server_ports(*_ports("server", "--port", "9400")) == (9400, 9400 + SERVER_PORTS)
+    assert server_ports(*_ports("server", "--port", "9400", "--port-end", "9401")) == (9400, 9401)
+    assert server_ports(*_ports("server", "--port", "65500")) == (65500, 65536)
+    with pytest.raises(TunerError, match=r"^--port 9400 --port-end 9300: the ports to try, \[port, port-end\), "
+                                         "must be a non-empty range within 1..65535$"):
+        server_ports(*_ports("server", "--port", "9400", "--port-end", "9300"))
+
+
+def _ports(*args: str) -> tuple[int, int | None]:
+    a = _parse(list(args))
+    return a.port, a.port_end

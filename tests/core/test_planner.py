@@ -472,3 +472,21 @@ def test_pods_that_need_no_gpu_see_none() -> None:
     tracker = next(o for o in plan(JOB, gpu) if o["kind"] == "Deployment" and o["metadata"]["name"] == "tj-tracker")
     assert gpu_env(tracker) == "void"
     assert containers(tracker)[0]["readinessProbe"] == {"tcpSocket": {"port": "tracker"}, "periodSeconds": 2}
+
+
+def test_servers_under_a_daemon_of_ours_never_run_outside_mps() -> None:
+    from sharetune.admission import GpuId, Placement
+    from sharetune.sharing import Sharing
+    from sharetune_tuner.cli import build_parser
+
+    def requires(spec: dict[str, Any], sharing: Any = None) -> bool:
+        srv = next(o for o in plan(JOB, parse_spec("tj", spec), sharing=sharing)
+                   if o["kind"] == "Deployment" and o["metadata"]["name"].startswith("tj-servers"))
+        return bool(build_parser().parse_args(containers(srv)[0]["args"]).require_mps)
+
+    gpu = {"model": {"name": "resnet18"}, "target": "cuda"}
+    assert requires(gpu)  # exclusive: the job's own daemon
+    assert requires({**gpu, "gpuSharing": {"share": 50}}, Sharing("pool", Placement((GpuId("n", 0),), 50)))
+    assert not requires({**gpu, "gpuSharing": {"mode": "devicePlugin"}}, Sharing("devicePlugin"))  # the plugin's
+    assert not requires({**gpu, "gpuSharing": {"mps": False}})  # no MPS asked: each server owns a GPU
+    assert not requires({"model": {"name": "tiny_cnn"}})

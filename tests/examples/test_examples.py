@@ -141,6 +141,20 @@ def _local(job: Path, tmp_path: Path) -> tuple[int, str]:
     return r.returncode, " ".join((r.stdout + r.stderr).split())  # rich wraps long lines
 
 
+def test_a_job_file_that_is_missing_or_not_text_is_named_in_one_line(tmp_path: Path) -> None:
+    """A mistyped path or a binary file: exit 2 with one line naming the file (not "must be a YAML
+    mapping", not a UnicodeDecodeError traceback), from `sharetune run` and the tuner's commands alike."""
+    missing = tmp_path / "no-such-job.yaml"
+    assert _local(missing, tmp_path) == (2, f"error: {missing}: no such file")
+    binary = tmp_path / "job.yaml"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    assert _local(binary, tmp_path) == (2, f"error: {binary}: not a YAML text file: byte 0x89 at offset 0 is not UTF-8")
+    r = subprocess.run([sys.executable, "-m", "sharetune_tuner.cli", "client", "--job", str(missing), "--work-dir",
+                        str(tmp_path / "w")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.splitlines() == [f"sharetune-tuner client: error: {missing}: no such file"], \
+        r.stderr
+
+
 def test_local_mode_names_a_wrong_field_an_unknown_model_and_a_pvc(tmp_path: Path) -> None:
     """What a new user's first mistakes print in local mode, before any process starts."""
     doc = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
@@ -152,7 +166,7 @@ def test_local_mode_names_a_wrong_field_an_unknown_model_and_a_pvc(tmp_path: Pat
     doc["spec"]["model"] = {"name": "resnet-50"}
     job.write_text(yaml.safe_dump(doc))
     rc, out = _local(job, tmp_path)
-    assert rc == 1 and out.endswith(
+    assert rc == 3 and out.endswith(  # 3: a model error (sharetune.api.exitcodes)
         "failed: spec.model.name: unknown built-in model 'resnet-50'; choose one of mobilenet_v2, resnet18, "
         "resnet50, tiny_cnn, transformer_encoder (did you mean resnet50?), or set spec.model.onnx for your own "
         "model"), out

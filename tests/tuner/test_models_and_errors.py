@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ pytest.importorskip("tvm")
 
 from sharetune_tuner import model as model_mod  # noqa: E402
 from sharetune_tuner.errors import ModelError, TargetError  # noqa: E402
+from sharetune_tuner.local_pool import local_gpu_count  # noqa: E402
 from sharetune_tuner.targets import make_target  # noqa: E402
 from sharetune_tuner.tasks import extract  # noqa: E402
 
@@ -113,9 +116,29 @@ def test_local_run_without_mps_stops_at_the_daemon_with_its_error(tmp_path: Path
     """A GPU job in local mode on a host without MPS: the run stops as soon as the MPS daemon
     exits, with the daemon's own error, and starts no server without MPS."""
     spec = example_job(tmp_path, target="cuda", servers={"replicas": 2, "threadPercentage": 50})
+    # A GPU's arch, so that a host without a GPU gets as far as the daemon too.
     r = subprocess.run([sys.executable, "-m", "sharetune.cli", "run", str(spec), "--local", "--workdir",
-                        str(tmp_path / "w")], capture_output=True, text=True, timeout=60)
+                        str(tmp_path / "w")], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "SHARETUNE_CUDA_ARCH": "sm_80"})
     out = r.stdout + r.stderr
-    assert r.returncode == 1, out
+    assert r.returncode == 6, out  # the daemon's own exit code: an MPS error
     assert "mps-daemon exited" in out and "nvidia-cuda-mps-control not found" in out, out
     assert not list((tmp_path / "w" / "logs").glob("server-*.log")), "a server started without MPS"
+
+
+@pytest.mark.skipif(local_gpu_count() > 0, reason="this host has a GPU")
+def test_a_local_cuda_job_without_a_gpu_fails_at_once(tmp_path: Path) -> None:
+    """target cuda on a machine without a GPU: `sharetune run` stops before it starts a process,
+    with NVML's answer and the target error's exit code, instead of restarting clients that each
+    find no GPU."""
+    job = example_job(tmp_path, target="cuda", gpuSharing={"mps": False}, servers={"replicas": 1},
+                      clients={"shards": 1})
+    env = {k: v for k, v in os.environ.items() if k != "SHARETUNE_CUDA_ARCH"}
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "sharetune.cli", "run", str(job), "--local", "--workdir",
+                        str(tmp_path / "w")], capture_output=True, text=True, timeout=60, env=env)
+    out = r.stdout + r.stderr
+    assert r.returncode == 4, out
+    assert "failed: target cuda needs an NVIDIA GPU, but NVML found none (" in out, out
+    assert not list((tmp_path / "w" / "logs").glob("*.log")), out  # nothing started, so nothing restarted
+    assert time.monotonic() - t0 < 15

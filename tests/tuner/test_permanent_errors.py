@@ -1,5 +1,6 @@
 """Local mode does not restart a client that failed with a user error (a model TVM cannot load is
-exit 3): it stops at once with that error, where a crash would be retried."""
+exit 3; no GPU for a cuda job, exit 4): it stops at once with that error, where a crash would be
+retried."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import pytest
 import yaml
 
 from sharetune.api.spec import load_job
-from sharetune_tuner.local import LocalRun
+from sharetune_tuner.local import LocalRun, RunFailed
+from sharetune_tuner.local_pool import local_gpu_count
+
+from .conftest import example_job
 
 pytestmark = [pytest.mark.tvm]
 
@@ -35,3 +39,21 @@ def test_a_model_error_stops_local_mode_without_restarts(tmp_path: Path) -> None
     assert "is not a valid ONNX model" in str(e.value)
     assert [p.name for p in run.procs].count("client-0") == 1  # started once
     assert time.monotonic() - t0 < 120
+
+
+@pytest.mark.skipif(local_gpu_count() > 0, reason="this host has a GPU")
+def test_a_client_that_finds_no_gpu_is_not_restarted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A target error is one a cluster retries (the next pod may land on a node with a GPU), but in
+    local mode every client runs on this machine and would find no GPU again."""
+    monkeypatch.delenv("SHARETUNE_CUDA_ARCH", raising=False)
+    job = example_job(tmp_path, target="cuda", gpuSharing={"mps": False}, servers={"replicas": 1},
+                      clients={"shards": 1})
+    run = LocalRun(load_job(job), job, tmp_path / "run")
+    try:
+        # No tracker, no servers: the client fails on its target before it looks for a server.
+        with pytest.raises(RunFailed, match=r"client 0 failed \(target error, not retried\)") as e:
+            run.run_clients()
+    finally:
+        run.stop_all()
+    assert "NVML found none" in str(e.value) and e.value.exit_code == 4
+    assert [p.name for p in run.procs].count("client-0") == 1  # started once

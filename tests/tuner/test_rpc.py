@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import signal
 import socket
+import subprocess
+import sys
 import urllib.request
 
 import pytest
@@ -39,6 +41,30 @@ def test_server_exports_metrics_and_health_and_stops_on_sigterm(topology: Topolo
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", rpc_port)) != 0
     wait_until(lambda: registered(topology.tracker_port, topology.key) == 1, 20, "tracker forgets it")
+
+
+def test_a_server_given_only_its_port_tries_the_ports_after_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`server --port P` without --port-end starts (it once tried the empty [P, 9199) and died with a
+    traceback), moving past a port that is taken; when every port of its range is taken, it says so
+    in one line."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "sharetune_tuner.cli", "server", "--tracker", "127.0.0.1:9",
+                            "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.splitlines()[-1] == (
+            f"sharetune-tuner server: error: cannot listen on any port in [{port}, {port + 1}) on 127.0.0.1: each "
+            "is taken; choose free ones with --port and --port-end"), r.stderr
+        s = tuner(["server", "--tracker", "127.0.0.1:9", "--host", "127.0.0.1", "--port", str(port)],
+                  tmp_path / "server.log")
+        try:
+            wait_until(lambda: "listening on port" in s.text() or s.popen.poll() is not None, 30, "server listening")
+            assert port < int(_rpc_port(s.text())) < port + 20, s.text()
+        finally:
+            s.stop()
 
 
 def _metrics_port(log: str) -> str | None:

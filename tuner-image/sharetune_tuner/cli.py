@@ -44,6 +44,20 @@ def _tracker_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key", default=os.environ.get("TVM_TRACKER_KEY", "sharetune"), help="tracker key")
 
 
+# How many ports a server tries from --port when --port-end is not given: as many as TVM's own
+# defaults (9091 up to 9199), wherever --port starts them.
+SERVER_PORTS = 9199 - 9091
+
+
+def server_ports(port: int, port_end: int | None) -> tuple[int, int]:
+    """The ports [first, end) a server tries to listen on, from its --port and --port-end."""
+    end = min(port + SERVER_PORTS, 65536) if port_end is None else port_end
+    if not 0 < port < end <= 65536:
+        raise TunerError(f"--port {port} --port-end {end}: the ports to try, [port, port-end), must be a "
+                         "non-empty range within 1..65535")
+    return port, end
+
+
 def _split(addr: str) -> tuple[str, int]:
     host, _, port = addr.rpartition(":")
     if not host or not port.isdigit():
@@ -74,9 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     _tracker_args(s)
     s.add_argument("--host", default="0.0.0.0")
     s.add_argument("--port", type=int, default=9091, help="first port to try")
-    s.add_argument("--port-end", type=int, default=9199)
+    s.add_argument("--port-end", type=int, default=None,
+                   help=f"end of the ports to try, exclusive (default: --port + {SERVER_PORTS})")
     s.add_argument("--thread-percentage", type=int, default=None, help="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
     s.add_argument("--pinned-memory-limit", default=None, help="CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for GPU 0, e.g. 4G")
+    s.add_argument("--require-mps", action="store_true",
+                   help="the job asked for MPS: wait for the daemon in $CUDA_MPS_PIPE_DIRECTORY, never run without it")
+    s.add_argument("--mps-wait-s", type=float, default=120.0, help="with --require-mps: how long to wait for it")
     s.add_argument("--advertise-addr", default=os.environ.get("POD_IP"), help="address the tracker hands out")
     s.add_argument("--name", default=os.environ.get("HOSTNAME", "server"))
     _common(s)
@@ -162,13 +180,15 @@ def run(a: argparse.Namespace) -> int:
 
         return _serve(a.metrics_port, None, lambda stop: run_tracker(a.host, a.port, stop))
     if a.cmd == "server":
+        host, port = _split(a.tracker)
+        first, end = server_ports(a.port, a.port_end)
         from .rpc import ServerConfig, TuningServer
 
-        host, port = _split(a.tracker)
-        server = TuningServer(ServerConfig(host, port, a.key, host=a.host, port=a.port, port_end=a.port_end,
+        server = TuningServer(ServerConfig(host, port, a.key, host=a.host, port=first, port_end=end,
                                            thread_percentage=a.thread_percentage,
                                            pinned_memory_limit=a.pinned_memory_limit,
-                                           custom_addr=a.advertise_addr, name=a.name))
+                                           custom_addr=a.advertise_addr, name=a.name,
+                                           require_mps=a.require_mps, mps_wait_s=a.mps_wait_s))
         return _serve(a.metrics_port, server.health, server.serve)
     if a.cmd == "mps-daemon":
         from .mps import MpsDaemon

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sharetune.api import commands
-from sharetune.api.exitcodes import PERMANENT, ExitCode
+from sharetune.api.exitcodes import NOT_RESTARTED_LOCALLY, ExitCode, passed_on
 from sharetune.api.gpuenv import NO_MULTICAST
 from sharetune.api.spec import TuningJobSpec
 from sharetune.api.topology import PROGRESS_FILE, SUMMARY_FILE, TENANT_ENV, gpu_groups, in_group
@@ -29,6 +29,7 @@ from sharetune.procs import ProcessGroup, free_port
 from .build_protocol import ARTIFACT_DIR_ENV, AUTHKEY_ENV
 from .model_source import prepare_local_model
 from .mps import READY
+from .targets import cuda_arch
 
 
 def _wait_until(ready: Any, limit_s: float, poll_s: float = 0.05) -> bool:
@@ -48,6 +49,15 @@ def _listening(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+class RunFailed(RuntimeError):
+    """A process of the run failed. ``exit_code``: what `sharetune run` exits with, the process's
+    own where it is a user error (sharetune.api.exitcodes), so a script can tell them apart."""
+
+    def __init__(self, message: str, rc: int | None) -> None:
+        super().__init__(message)
+        self.exit_code = passed_on(rc)
 
 
 @dataclass
@@ -144,6 +154,12 @@ class LocalRun:
     def shard_dir(self, i: int) -> Path:
         return self.workdir / "shards" / f"shard-{i}"
 
+    def check_target(self) -> None:
+        """A cuda job's servers measure on this machine's GPUs: without one, say so now (a
+        TargetError) rather than start the run for each client to find it out."""
+        if self.spec.target == "cuda":
+            cuda_arch()
+
     def start_services(self) -> None:
         # The model first, once (a URL downloaded, a ConfigMap read): a bad one stops the run here.
         self.model_env = prepare_local_model(self.spec, self.job_path, self.workdir)
@@ -163,7 +179,7 @@ class LocalRun:
                         or any(d.poll() is not None for d in daemons), 15.0)
             for d in daemons:  # no silent fallback to servers without MPS
                 if d.poll() is not None:
-                    raise RuntimeError(f"{d.name} exited with {d.poll()}:\n{d.tail()}")
+                    raise RunFailed(f"{d.name} exited with {d.poll()}:\n{d.tail()}", d.poll())
         self._spawn("tracker", commands.tracker(self.tracker_port, host="127.0.0.1"))
         # A server that finds no tracker retries only after 5 s: start them once it listens.
         _wait_until(lambda: _listening("127.0.0.1", self.tracker_port), 5.0)
@@ -172,7 +188,8 @@ class LocalRun:
                 name = in_group("server", g) + f"-{j}"
                 port = free_port()
                 self._spawn(name, commands.server(self.spec, f"127.0.0.1:{self.tracker_port}", self.key, port, port + 19,
-                                                  host="127.0.0.1", name=name), self.server_env(g))
+                                                  host="127.0.0.1", name=name, require_mps=self.spec.uses_mps),
+                            self.server_env(g))
 
     def client_args(self, i: int) -> list[str]:
         # With at least one server per client, each client keeps sessions open on its share of
@@ -233,12 +250,12 @@ class LocalRun:
                 if rc == 0:
                     running.discard(i)
                     continue
-                if rc in PERMANENT:  # a bad spec, model or output: a restart cannot fix it
-                    raise RuntimeError(f"client {i} failed ({ExitCode(rc).name.lower()} error, not retried):\n"
-                                       f"{clients[i].tail(5)}")
+                if rc in NOT_RESTARTED_LOCALLY:  # a bad spec, model or output, no GPU: a restart cannot fix it
+                    raise RunFailed(f"client {i} failed ({ExitCode(rc).name.lower()} error, not retried):\n"
+                                    f"{clients[i].tail(5)}", rc)
                 if clients[i].restarts >= self.max_client_restarts:
-                    raise RuntimeError(f"client {i} failed {clients[i].restarts + 1} times; last log:\n"
-                                       f"{clients[i].tail()}")
+                    raise RunFailed(f"client {i} failed {clients[i].restarts + 1} times; last log:\n"
+                                    f"{clients[i].tail()}", rc)
                 restarted = self.start_client(i)  # resumes from its records
                 restarted.restarts = clients[i].restarts + 1
                 clients[i] = restarted
@@ -272,5 +289,5 @@ class LocalRun:
                                                 shard_dirs=[str(self.shard_dir(i)) for i in range(self.client_shards)]))
         rc = p.wait()
         if rc != 0:
-            raise RuntimeError(f"merge failed (exit {rc}):\n{p.tail()}")
+            raise RunFailed(f"merge failed (exit {rc}):\n{p.tail()}", rc)
         return json.loads((out / SUMMARY_FILE).read_text())

@@ -14,6 +14,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .interrupts import interrupted, raise_stopped
+
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = sub.add_parser("run", help="run a TuningJob (local mode: as processes on this machine)")
@@ -33,14 +35,12 @@ def _rate(shards: list[dict[str, Any]], t0: float) -> float:
     return fresh / max(time.time() - t0, 1e-9)
 
 
-def _interrupt(signum: int, _frame: Any) -> None:
-    raise KeyboardInterrupt(f"stopped by signal {signal.Signals(signum).name}")
-
-
 def run(a: argparse.Namespace) -> int:
+    from sharetune.api.exitcodes import ExitCode
     from sharetune.api.spec import SpecError, load_job
 
-    from .local import LocalRun
+    from .errors import TunerError
+    from .local import LocalRun, RunFailed
 
     console = Console()
     if len(a.job) > 1:
@@ -51,12 +51,12 @@ def run(a: argparse.Namespace) -> int:
     try:
         spec = load_job(a.job)
     except (SpecError, OSError) as e:
-        console.print(f"[red]error:[/red] {a.job}: {e}")
-        return 2
+        console.print(f"[red]error:[/red] {escape(f'{a.job}: {e}')}", soft_wrap=True)  # one line, even in a pipe
+        return int(ExitCode.USAGE)
     workdir = a.workdir or Path("runs") / spec.name
     # `timeout`, `kill` and a pod's stop send SIGTERM: stop the run's process groups as Ctrl-C
     # does (each runs in its own session, so nothing else would stop them).
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, raise_stopped)
     lr = LocalRun(spec, a.job.resolve(), workdir.resolve())
     console.print(f"[bold]{spec.name}[/bold]: {spec.model.name or 'onnx model'} on {spec.target}, "
                   f"{spec.shards} clients x {spec.servers.replicas} servers" + (f" x {spec.gpus} GPUs" if spec.gpu_count > 1 else "")
@@ -66,6 +66,7 @@ def run(a: argparse.Namespace) -> int:
     cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[info]}"), TimeElapsedColumn()]
     try:
+        lr.check_target()
         lr.start_services()
         with Progress(*cols, console=console, transient=False) as bar:
             total = bar.add_task("[bold]all shards", total=None, info="")
@@ -89,9 +90,14 @@ def run(a: argparse.Namespace) -> int:
         tune_s = time.time() - t0
         console.print(f"tuning done in {tune_s:.0f}s; merging and measuring ...")
         summary = lr.merge()
-    except (RuntimeError, KeyboardInterrupt) as e:
-        console.print(f"[red]failed:[/red] {escape(str(e))}")
-        return 1
+    except KeyboardInterrupt as e:
+        why, code = interrupted(e)
+        console.print("[red]interrupted:[/red] " + escape(f"{why}; stopping the run (its records stay in {workdir}: "
+                                                          "the same command resumes)"), soft_wrap=True)
+        return code
+    except RuntimeError as e:  # a TunerError (model, target) or a process of the run that failed
+        console.print(f"[red]failed:[/red] {escape(str(e))}", soft_wrap=True)
+        return int(e.exit_code if isinstance(e, (TunerError, RunFailed)) else ExitCode.UNEXPECTED)
     finally:
         lr.stop_all()
     summary["tuning_s"] = round(tune_s, 1)

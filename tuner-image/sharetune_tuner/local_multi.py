@@ -14,11 +14,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .interrupts import interrupted, raise_stopped
 from .local_pool import LocalJob, LocalPool, host_clients, local_gpu_count, note_co_tenants, pooled, start
-
-
-def _interrupt(signum: int, _frame: Any) -> None:
-    raise KeyboardInterrupt(f"stopped by signal {signal.Signals(signum).name}")
 
 
 def load(paths: list[Path], root: Path) -> list[LocalJob]:
@@ -55,11 +52,11 @@ def run_many(paths: list[Path], workdir: Path | None, json_out: Path | None, con
     try:
         jobs = load(paths, root)
     except SystemExit as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}")
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)  # one line, even in a pipe
         return 2
     gpus = local_gpu_count() if any(pooled(j.spec) for j in jobs) else 0
     pool = LocalPool(root / ".pool", gpus)
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, raise_stopped)
     console.print(f"{len(jobs)} jobs" + (f", {gpus} GPU(s) shared through one MPS daemon each" if gpus else "")
                   + f"  (folders: {root}/<job>)")
     cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -93,11 +90,13 @@ def run_many(paths: list[Path], workdir: Path | None, json_out: Path | None, con
                 _show(bar, rows[j.spec.name], j, [])
                 _say(bar, j, said)
     except KeyboardInterrupt as e:
-        console.print(f"[red]stopped:[/red] {escape(str(e))}")
+        why, code = interrupted(e)
+        console.print("[red]interrupted:[/red] " + escape(f"{why}; stopping the runs (their records stay in "
+                                                          f"{root}/<job>: the same command resumes)"), soft_wrap=True)
         for j in jobs:
             if j.run is not None:
                 j.run.stop_all()
-        return 1
+        return code
     finally:
         for j in jobs:
             if j.thread is not None:

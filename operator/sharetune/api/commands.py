@@ -43,10 +43,12 @@ def tracker(port: int, host: str | None = None, metrics_port: int | None = None)
 
 
 def server(spec: TuningJobSpec, tracker_addr: str, key: str, port: int, port_end: int, *, host: str | None = None,
-           name: str | None = None, metrics_port: int | None = None) -> list[str]:
+           name: str | None = None, metrics_port: int | None = None, require_mps: bool = False) -> list[str]:
+    """``require_mps``: the server's pipe directory is a daemon sharetune runs (a job's, a pool's,
+    local mode's): it waits for it and never measures outside MPS."""
     return ["server", "--tracker", tracker_addr, "--key", key, *_opt("--host", host), "--port", str(port),
             "--port-end", str(port_end), *_opt("--name", name), *mps_limits(spec),
-            *_opt("--metrics-port", metrics_port)]
+            *(["--require-mps"] if require_mps else []), *_opt("--metrics-port", metrics_port)]
 
 
 def client(job_manifest: str, work_dir: str, tracker_addr: str, key: str, servers: int, *,

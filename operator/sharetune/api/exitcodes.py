@@ -24,3 +24,17 @@ class ExitCode(IntEnum):
 
 # Failures a retry of the same pod cannot fix: the spec, the model or the output is wrong.
 PERMANENT: frozenset[ExitCode] = frozenset({ExitCode.USAGE, ExitCode.MODEL, ExitCode.OUTPUT_TOO_LARGE})
+
+# What local mode does not restart either: it runs every process on this one machine, so a target
+# it cannot make here (target cuda without a GPU) stays missing however often a client restarts.
+# (A cluster retries it, as PERMANENT leaves it: the Job's next pod may be scheduled elsewhere.)
+NOT_RESTARTED_LOCALLY: frozenset[ExitCode] = PERMANENT | {ExitCode.TARGET}
+
+
+def passed_on(rc: int | None) -> ExitCode:
+    """The code a supervisor (local mode) exits with when a process it ran failed with ``rc``: the
+    process's own where it is a user error of this registry, else UNEXPECTED (a traceback, a kill
+    by a signal: negative)."""
+    if rc is None or rc == ExitCode.OK or rc not in set(ExitCode):
+        return ExitCode.UNEXPECTED
+    return ExitCode(rc)

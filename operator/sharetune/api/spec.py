@@ -451,8 +451,7 @@ def load_job(source: str | Path | dict[str, Any]) -> TuningJobSpec:
     if isinstance(source, dict):
         doc = source
     else:
-        p = Path(source)
-        text = p.read_text() if p.exists() else str(source)
+        text = _manifest_text(source)
         try:
             doc = yaml.safe_load(text)
         except yaml.YAMLError as e:
@@ -467,3 +466,22 @@ def load_job(source: str | Path | dict[str, Any]) -> TuningJobSpec:
     if not isinstance(name, str) or not name:
         raise SpecError("metadata.name is required")
     return parse_spec(name, doc.get("spec") or {})
+
+
+def _manifest_text(source: str | Path) -> str:
+    """The manifest's text: a ``Path`` is always a file to read; a ``str`` is one when such a file
+    exists, else the YAML itself. A file that cannot be read is a ``SpecError`` saying why (the
+    caller names the file), not "must be a YAML mapping" or a decoding traceback."""
+    if isinstance(source, str) and ("\n" in source or not Path(source).exists()):
+        return source
+    try:
+        return Path(source).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError("no such file") from None
+    except IsADirectoryError:
+        raise SpecError("is a directory, not a TuningJob manifest") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(f"not a YAML text file: byte {e.object[e.start]:#04x} at offset {e.start} is not UTF-8") \
+            from None
+    except OSError as e:
+        raise SpecError(f"cannot read it: {e.strerror or e}") from None
