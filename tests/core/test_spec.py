@@ -8,7 +8,8 @@ import pytest
 
 from sharetune.api.spec import SpecError, load_job, parse_spec
 
-EXAMPLE = Path(__file__).parents[2] / "examples" / "tiny-cpu.yaml"
+ROOT = Path(__file__).parents[2]
+EXAMPLE = ROOT / "examples" / "tiny-cpu.yaml"
 
 
 def test_example_parses_with_its_values() -> None:
@@ -35,6 +36,8 @@ def test_defaults() -> None:
     ({"model": {"name": "r", "inputShape": [1, -3]}}, "inputShape: expected a list of positive integers"),
     ({"model": {"name": "r"}, "servers": {"pinnedMemoryLimit": "lots"}}, "is not a size like 4G"),
     ({"model": {"name": "r"}, "costModel": "gbdt"}, "spec.costModel"),
+    ({"model": {"name": "r"}, "image": "tuner:1 --privileged"}, "spec.image: 'tuner:1 --privileged' is not an image"),
+    ({"model": {"name": "r"}, "image": "-v"}, "spec.image: '-v' is not an image reference"),
 ])
 def test_errors_name_the_field(spec, message) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SpecError, match=None) as e:
@@ -185,3 +188,18 @@ def test_sharing_config_from_the_charts_env() -> None:
         with pytest.raises(ConfigError) as e:
             SharingConfig.from_env(env)
         assert str(e.value) == message
+
+
+def test_image_references_the_kubelet_takes_are_accepted_and_the_crd_agrees() -> None:
+    import re
+
+    import yaml
+
+    from sharetune.api.spec import IMAGE_PATTERN
+
+    for ok in ("localhost/sharetune-tuner:0.1.0", "registry.example:5000/team/tuner:1",
+               "tuner@sha256:" + "a" * 64, "ghcr.io/org/tuner"):
+        assert parse_spec("j", {"model": {"name": "r"}, "image": ok}).raw["image"] == ok
+    crd = yaml.safe_load(open(ROOT / "crds" / "tuningjobs.sharetune.io.yaml"))
+    image = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["image"]
+    assert image["pattern"] == IMAGE_PATTERN and re.compile(image["pattern"])  # one pattern, two checkers

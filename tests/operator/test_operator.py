@@ -52,6 +52,7 @@ def test_invalid_specs_are_rejected_with_readable_messages(k8s, crd, ns) -> None
         ({"trials": {"total": 4, "perTask": 8}}, "trials.perTask cannot exceed trials.total"),
         ({"model": {"name": "vgg"}}, 'spec.model.name: Unsupported value: "vgg"'),
         ({"output": {"s3": {"bucket": "b"}}}, "spec.output.s3.credentialsSecret: Required value"),
+        ({"image": "tuner:1 --privileged"}, "spec.image in body should match"),
     ]
     for spec, message in cases:
         with pytest.raises(ApiException) as e:

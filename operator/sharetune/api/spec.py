@@ -29,6 +29,10 @@ MODES = ("pool", "exclusive", "devicePlugin")
 DEFAULT_DEVICE_PLUGIN_RESOURCE = "nvidia.com/gpu.shared"
 _RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?([KMGT]i?|[kmgt])?$")
+# An image reference as the kubelet takes it ([registry[:port]/]path[:tag][@digest]): no spaces, no
+# leading '-' (a value like "x --privileged" would reach the container runtime's arguments).
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$"
+_IMAGE = re.compile(IMAGE_PATTERN)
 
 # The fields each section of a TuningJob accepts: the CRD's schema, in the one place the parser
 # reads them from (tests/core/test_spec.py checks every section against the CRD), so that local
@@ -312,6 +316,10 @@ def parse_spec(name: str, spec: dict[str, Any]) -> TuningJobSpec:
         if not shape or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 65536 for x in shape):
             raise SpecError(f"spec.model.inputShape: expected a list of positive integers, got {shape!r}")
         shape = tuple(shape)
+    image = _get(spec, "image", str, None, "spec")
+    if image is not None and (len(image) > 512 or not _IMAGE.match(image)):
+        raise SpecError(f"spec.image: {image[:80]!r} is not an image reference: use [registry/]path[:tag][@digest] "
+                        "without spaces, e.g. registry.example/team/sharetune-tuner:0.1.0")
     target = _get(spec, "target", str, "llvm", "spec")
     if target not in TARGETS:
         raise SpecError(f"spec.target: {target!r} is not one of {', '.join(TARGETS)}")
