@@ -60,7 +60,8 @@ def test_more_shards_than_tasks_are_clamped(k8s, cluster, operator, ns, tmp_path
         # A server that finds no tracker retries only after 5 s: start it once the tracker listens.
         wait_for("tracker listening", lambda: listening(port), timeout_s=60)
         base = free_port()
-        procs.append(tuner(["server", "--tracker", f"127.0.0.1:{port}", "--key", "clamp", "--host", "127.0.0.1",
+        key = args[args.index("--key") + 1]  # the job's tracker key, as the planner gave its clients
+        procs.append(tuner(["server", "--tracker", f"127.0.0.1:{port}", "--key", key, "--host", "127.0.0.1",
                             "--port", str(base), "--port-end", str(base + 1)], tmp_path / "server.log"))
         st = wait_for("ShardsClamped", lambda: (s := get_job(k8s, ns, "clamp").get("status", {})).get("clientShards")
                       and s, timeout_s=120, every=1)

@@ -241,9 +241,10 @@ def test_a_real_tuning_run_through_the_operator(k8s, cluster, operator, ns, tmp_
     procs = [tuner(["tracker", "--host", "127.0.0.1", "--port", str(port)], tmp_path / "tracker.log")]
     try:
         base = free_port()
-        procs.append(tuner(["server", "--tracker", f"127.0.0.1:{port}", "--key", "real", "--host", "127.0.0.1",
+        key = client_args[client_args.index("--key") + 1]  # the job's tracker key, as the planner gave its clients
+        procs.append(tuner(["server", "--tracker", f"127.0.0.1:{port}", "--key", key, "--host", "127.0.0.1",
                             "--port", str(base), "--port-end", str(base + 1)], tmp_path / "server.log"))
-        wait_until(lambda: registered(port, "real") == 1, 60, "server registered")
+        wait_until(lambda: registered(port, key) == 1, 60, "server registered")
         clients = [tuner([*as_local(client_args, job=str(job_file), work_dir=str(tmp_path / f"w{i}"),
                                     tracker=f"127.0.0.1:{port}", metrics_port="-1"),
                           "--shard", str(i), "--sync-interval", "2"], tmp_path / f"client{i}.log") for i in range(2)]
