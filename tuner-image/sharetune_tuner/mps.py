@@ -40,14 +40,13 @@ def wait_for_daemon(timeout_s: float, stop: threading.Event | None = None, poll_
                        "run it with the MPS daemon's pipe directory")
     marker = Path(pipe) / READY
     deadline = time.monotonic() + timeout_s
+    waiter = stop or threading.Event()  # never set without a caller's stop: a plain sleep
     while not marker.exists():
         if time.monotonic() > deadline:
             raise MpsError(f"no MPS daemon became ready in {pipe} within {timeout_s:.0f} s ({READY} missing): "
                            "check the job's MPS daemon (or the GPU pool's) on this node")
-        if stop is not None and stop.wait(poll_s):
+        if waiter.wait(poll_s):
             break
-        elif stop is None:
-            time.sleep(poll_s)
     return Path(pipe)
 
 
