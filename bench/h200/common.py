@@ -176,13 +176,71 @@ def mps_stop() -> None:
 
 
 # ---- sampling ---------------------------------------------------------------------------------
+# The role of a process of a tuning run, by the head of its command line (program, module, sub-
+# command; never its arguments, which name trackers and servers); a process none names (a pool
+# worker) takes its parent's role. TVM's popen workers do what their parent sends them: the build
+# service's build ("build"); a stock client's build and run its candidates ("client-popen-workers").
+ROLE_MARKERS: tuple[tuple[str, str], ...] = (
+    ("nvidia-cuda-mps", "mps"), ("build-service", "build"), ("rpc_tracker", "tracker"), ("rpc_server", "server"), ("cli server", "server"),
+    ("cli tracker", "tracker"), ("client", "client"))
+
+
+def process_role(argv: list[str], parent_role: str | None) -> str:
+    head = " ".join(a.rsplit("/", 1)[-1] for a in argv[:4]).replace("sharetune_tuner.", "")
+    if "popen_worker" in head:
+        if parent_role is None or parent_role == "build" or parent_role.endswith("-popen-workers"):
+            return parent_role or "other"
+        return f"{parent_role}-popen-workers"
+    for marker, role in ROLE_MARKERS:
+        if marker in head:
+            return role
+    return parent_role or "other"
+
+
+class CpuByRole:
+    """Core-seconds of CPU each role of a run used (user + system of every descendant of this
+    process, read each ``sample()``): where a trial's CPU goes. A process that lives less than one
+    sampling period is missed, so the sum is a lower bound."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, tuple[str, float]] = {}  # pid -> (role, cpu seconds at its last sample)
+
+    def sample(self) -> None:
+        import psutil
+
+        roles: dict[int, str] = {}
+        try:
+            procs = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            return
+        for p in procs:  # parents come before their children in psutil's walk
+            try:
+                argv = p.cmdline()
+                t = p.cpu_times()
+                ppid = p.ppid()
+            except psutil.Error:
+                continue
+            roles[p.pid] = process_role(argv, roles.get(ppid))
+            self.last[p.pid] = (roles[p.pid], t.user + t.system)
+
+    def core_seconds(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for role, s in self.last.values():
+            out[role] = out.get(role, 0.0) + s
+        return {k: round(v, 1) for k, v in sorted(out.items())}
+
+
 class Sampler:
     """CPU (psutil, whole machine) and GPU (NVML) utilisation, plus the record counts of the
-    databases being written, every ``period_s``: the time line of a tuning run."""
+    databases being written, every ``period_s``: the time line of a tuning run; with ``roles``,
+    the CPU each role of the run used (CpuByRole, every ``roles_every`` samples)."""
 
     def __init__(self, db_dirs: list[Path] | None = None, period_s: float = 0.5,
-                 core_groups: dict[str, list[int]] | None = None) -> None:
+                 core_groups: dict[str, list[int]] | None = None, roles: bool = False,
+                 roles_every: int = 2) -> None:
         self.db_dirs = db_dirs or []
+        self.roles = CpuByRole() if roles else None
+        self.roles_every = roles_every
         # name -> CPUs: the mean busy % of each group too (the tuning cores vs the builders' cores)
         self.core_groups = core_groups or {}
         self.period_s = period_s
@@ -231,6 +289,8 @@ class Sampler:
                 except Exception:
                     pass
             s["records"] = {k: self._count(Path(k)) for k in self._counts}
+            if self.roles is not None and len(self.samples) % self.roles_every == 0:
+                self.roles.sample()
             self.samples.append(s)
 
     def start(self) -> "Sampler":
@@ -249,6 +309,7 @@ class Sampler:
         return {"samples": len(xs), "period_s": self.period_s,
                 **({"cpu_util_by_cores": {k: round(sum(v) / len(v), 1) for k, v in groups.items() if v}}
                    if groups else {}),
+                **({"cpu_core_s_by_role": self.roles.core_seconds()} if self.roles is not None else {}),
                 "cpu_util_mean": round(sum(cpu) / len(cpu), 1) if cpu else None,
                 "gpu_util_mean": round(sum(gpu) / len(gpu), 1) if gpu else None,
                 "gpu_mem_max_mb": max((s.get("gpu_mem_mb", 0) for s in xs), default=None)}

@@ -84,7 +84,7 @@ def run_baseline(a: argparse.Namespace, wd: Path, servers: int = 1, runner_worke
     measured_log = wd / "measured.log"
     if window_s:
         env[MEASURED_ENV] = str(measured_log)
-    sampler = Sampler([db]).start()
+    sampler = Sampler([db], roles=bool(getattr(a, "window_s", None))).start()
     t0 = time.time()
     stopped_at_window = False
     try:
@@ -209,7 +209,7 @@ spec:
     lr = BenchRun(spec, job, wd)
     dbs = [lr.shard_dir(i) for i in range(a.clients)]
     groups = {"topology": topo_cpus, **({"builders": [c for cs in pod_cpus for c in cs]} if pod_cpus else {})}
-    sampler = Sampler(dbs, core_groups=groups).start()
+    sampler = Sampler(dbs, core_groups=groups, roles=bool(getattr(a, "window_s", None))).start()
     pods = Group(wd / "logs")
     t0 = time.time()
     mps_check = None
