@@ -14,6 +14,10 @@ Privileges, kept minimal and stated:
   through /dev/shm of the host IPC namespace.
 - Servers do not request the GPU (the device plugin would hand out a second one); they follow the
   daemon onto its node (pod affinity) and see the GPU through ``NVIDIA_VISIBLE_DEVICES``.
+- Daemons run at the chart's daemon priority (``daemon_priority_class``, a PriorityClass the chart
+  creates by default): a daemon that is preempted or evicted ends the CUDA context of every server
+  under it, so it must not be among the first to go. A GPU pool's daemon, shared by several jobs,
+  also has a PodDisruptionBudget (:func:`plan_pool_budget`): draining its node waits for a person.
 - All other pods: non-root UID 1000, no privilege escalation, all capabilities dropped,
   read-only root filesystem with an emptyDir for scratch.
 
@@ -50,6 +54,7 @@ from .requests import pod_specs, with_default_requests
 from .sharing import DEVICE_PLUGIN, EXCLUSIVE, POOL, Sharing
 
 TUNER_UID = 1000
+TUNER_GID = 1000  # the tuner pods' group (runAsGroup): the MPS clients' group in a daemon's pipe directory
 DEFAULT_IMAGE = "localhost/sharetune-tuner:0.1.0"
 
 
@@ -89,7 +94,7 @@ def result_location(job: JobRef, spec: TuningJobSpec) -> str:
 
 
 def _restricted() -> dict[str, Any]:
-    return {"runAsNonRoot": True, "runAsUser": TUNER_UID, "runAsGroup": TUNER_UID,
+    return {"runAsNonRoot": True, "runAsUser": TUNER_UID, "runAsGroup": TUNER_GID,
             "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
             "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
 
@@ -128,7 +133,7 @@ def _container(spec: TuningJobSpec, image: str, name: str, args: list[str], *, e
                resources: dict[str, Any] | None = None, security: dict[str, Any] | None = None,
                mounts: list[dict[str, Any]] | None = None, probe: bool = True) -> dict[str, Any]:
     c: dict[str, Any] = {
-        "name": name, "image": image, "imagePullPolicy": spec.raw.get("imagePullPolicy", "IfNotPresent"),
+        "name": name, "image": image, "imagePullPolicy": spec.image_pull_policy,
         "args": args, "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, *(NO_MULTICAST_ENV if spec.target == "cuda" else []),
                               *(env or [])],
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
@@ -249,13 +254,14 @@ def tracker_key(job: JobRef) -> str:
 
 
 def plan(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, sharing: Sharing | None = None,
-         network: NetworkConfig | None = None, requests: Mapping[str, Mapping[str, str]] | None = None
-         ) -> list[dict[str, Any]]:
+         network: NetworkConfig | None = None, requests: Mapping[str, Mapping[str, str]] | None = None,
+         daemon_priority_class: str | None = None) -> list[dict[str, Any]]:
     """Every object the running job needs (the merge Job comes later: :func:`plan_merge`).
     ``sharing``: the job's mode (and placement in mode pool); None = exclusive. ``network`` and
     ``requests``: the chart's networkPolicy and defaultRequests values (None: the defaults).
     ``image`` is the chart's tuner image: the job's ``spec.image`` runs its tracker, servers,
-    clients and builders, never its MPS daemon (root, hostIPC, a host directory)."""
+    clients and builders, never its MPS daemon (root, hostIPC, a host directory).
+    ``daemon_priority_class``: the chart's PriorityClass for MPS daemons (None: none)."""
     daemon_image = image
     image = spec.raw.get("image") or image
     n = ChildNames(job.name)
@@ -274,7 +280,7 @@ def plan(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, sharing: 
     # ConfigMap output, the records) into it. S3 output keeps only the summary here.
     objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, n.result(spec), "result"), "data": {}})
     if spec.uses_mps and _mode(spec, sharing) == EXCLUSIVE:
-        objs += [_mps_daemon(job, spec, daemon_image, g) for g in gpu_groups(spec)]
+        objs += [_mps_daemon(job, spec, daemon_image, g, daemon_priority_class) for g in gpu_groups(spec)]
     objs += _tracker(job, spec, image)
     objs += [_servers(job, spec, image, g, sharing) for g in gpu_groups(spec)]
     objs += _builders(job, spec, image)  # before the clients: their workers warm up meanwhile
@@ -310,17 +316,38 @@ def _daemon_security() -> dict[str, Any]:
             "readOnlyRootFilesystem": True, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def _mps_daemon(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None) -> dict[str, Any]:
+def _daemon_probes() -> dict[str, Any]:
+    """An MPS daemon container's probes; readiness and liveness differ on purpose.
+
+    Restarting the container ends the MPS server and with it the CUDA context of every client
+    (a pool's: every co-tenant job's servers), and the ``mps-daemon`` wrapper already restarts a
+    control daemon that died or stopped answering (and exits when that keeps failing). So:
+
+    - readiness (``/healthz``): the control daemon answered its pipe within the last few seconds,
+      i.e. it accepts clients; a slow or mute daemon is out of readiness within ~10 s;
+    - liveness (``/livez``): only that the wrapper still supervises (its loop ran within the last
+      minutes; no pipe command), with a long failure threshold: the kubelet kills only a wrapper
+      that no longer works, minutes after readiness said so, never a daemon that is just slow."""
+    return {"readinessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 5,
+                               "failureThreshold": 2},
+            "livenessProbe": {"httpGet": {"path": "/livez", "port": "metrics"}, "initialDelaySeconds": 30,
+                              "periodSeconds": 20, "timeoutSeconds": 5, "failureThreshold": 6}}
+
+
+def _mps_daemon(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None,
+                priority_class: str | None = None) -> dict[str, Any]:
     vol, mount, env = _mps_client_parts(job, g)
-    args = commands.mps_daemon(spec, "/mps/pipe", "/mps/log", metrics_port=METRICS_PORT)
+    args = commands.mps_daemon(spec, "/mps/pipe", "/mps/log", metrics_port=METRICS_PORT, client_group=TUNER_GID)
     c = _container(spec, image, "mps-daemon", args, env=[e for e in env if e["name"] != "NVIDIA_VISIBLE_DEVICES"],
-                   resources={"limits": {"nvidia.com/gpu": "1"}}, security=_daemon_security(), mounts=[mount])
-    c["readinessProbe"] = {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 5}
+                   resources={"limits": {"nvidia.com/gpu": "1"}}, security=_daemon_security(), mounts=[mount],
+                   probe=False)
+    c.update(_daemon_probes())
     meta = _meta(job, in_group(ChildNames(job.name).mps, g), "mps-daemon")
     meta["labels"] = _group_labels(meta["labels"], g)
+    extra: dict[str, Any] = {"priorityClassName": priority_class} if priority_class else {}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
             "spec": _pod_spec(spec, [c], volumes=[vol], gpu_placement=True, hostIPC=True,
-                              restartPolicy="Always", terminationGracePeriodSeconds=30)}
+                              restartPolicy="Always", terminationGracePeriodSeconds=30, **extra)}
 
 
 def _tracker_addr(job: JobRef) -> str:
@@ -490,10 +517,14 @@ def _builders(job: JobRef, spec: TuningJobSpec, image: str) -> list[dict[str, An
         pod["nodeSelector"] = dict(b.node_selector)
     _mount_build_key(job, spec, pod)
     a = b.autoscale
-    replicas = b.replicas if a is None else min(max(b.replicas, a.min_replicas), a.max_replicas)
     dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(job, n.builders, "builder"),
-           "spec": {"replicas": replicas, "selector": {"matchLabels": selector(job.name, "builder")},
+           "spec": {"selector": {"matchLabels": selector(job.name, "builder")},
                     "template": {"metadata": {"labels": labels(job.name, "builder")}, "spec": pod}}}
+    if a is None:
+        dep["spec"]["replicas"] = b.replicas
+    # With autoscale the HorizontalPodAutoscaler owns the count: the Deployment states none (it
+    # starts at 1 and the HPA raises it to minReplicas at once), so applying this Deployment again
+    # never resets the HPA's scale.
     svc = {"apiVersion": "v1", "kind": "Service", "metadata": _meta(job, n.builders, "builder"),
            "spec": {"clusterIP": "None", "selector": selector(job.name, "builder"),
                     "ports": [{"name": "build", "port": BUILD_PORT, "targetPort": "build"},
@@ -570,16 +601,18 @@ def pool_labels(node: str, index: int) -> dict[str, str]:
 
 def plan_pool(node: str, index: int, namespace: str, image: str = DEFAULT_IMAGE,
               tolerations: tuple[dict[str, Any], ...] | list[dict[str, Any]] = (),
-              requests: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Any]:
+              requests: Mapping[str, Mapping[str, str]] | None = None,
+              daemon_priority_class: str | None = None) -> dict[str, Any]:
     """The MPS control daemon of GPU ``index`` on ``node``, shared by every pool-mode job placed
     there: the operator's, in its own namespace (no owner: it outlives the jobs, and is deleted
     when idle). Pinned to the node by name and holding one ``nvidia.com/gpu`` (which one is the
     device plugin's choice: the pool is the one MPS server on that device); root and hostIPC for
-    the same reasons as a job's daemon; its pipe directory is the GPU's, not a job's."""
+    the same reasons as a job's daemon; its pipe directory is the GPU's, not a job's. At the
+    chart's daemon priority, and guarded by :func:`plan_pool_budget`."""
     name = pool_pod_name(node, index)
     c: dict[str, Any] = {
         "name": "mps-daemon", "image": image, "imagePullPolicy": "IfNotPresent",
-        "args": commands.pool_daemon("/mps/pipe", "/mps/log", metrics_port=METRICS_PORT),
+        "args": commands.pool_daemon("/mps/pipe", "/mps/log", metrics_port=METRICS_PORT, client_group=TUNER_GID),
         "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, *NO_MULTICAST_ENV,
                 {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/mps/pipe"},
                 {"name": "CUDA_MPS_LOG_DIRECTORY", "value": "/mps/log"},
@@ -588,9 +621,7 @@ def plan_pool(node: str, index: int, namespace: str, image: str = DEFAULT_IMAGE,
         "resources": {"limits": {"nvidia.com/gpu": "1"}},
         "securityContext": _daemon_security(),
         "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}, {"name": "mps", "mountPath": "/mps"}],
-        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 5},
-        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}, "initialDelaySeconds": 20,
-                          "periodSeconds": 20, "failureThreshold": 3},
+        **_daemon_probes(),
     }
     pod: dict[str, Any] = {
         "containers": [c],
@@ -601,8 +632,26 @@ def plan_pool(node: str, index: int, namespace: str, image: str = DEFAULT_IMAGE,
     }
     if tolerations:
         pod["tolerations"] = copy.deepcopy(list(tolerations))
+    if daemon_priority_class:
+        pod["priorityClassName"] = daemon_priority_class
     daemon = {"apiVersion": "v1", "kind": "Pod",
               "metadata": {"name": name, "namespace": namespace, "labels": pool_labels(node, index),
                            "annotations": {POOL_NODE_ANNOTATION: node}},
               "spec": pod}
     return with_default_requests([daemon], requests)[0]
+
+
+def plan_pool_budget(node: str, index: int, namespace: str) -> dict[str, Any]:
+    """The PodDisruptionBudget of GPU ``index``'s pool daemon on ``node`` (same name, namespace and
+    labels). Evicting the daemon (``kubectl drain``, a cluster autoscaler's scale-down) would end
+    every co-tenant job's servers at once, so the eviction API refuses it: a drain waits until a
+    person deletes the budget or the daemon pod. ``minAvailable: 1`` because the daemon is a bare
+    pod (``maxUnavailable`` and percentages need a controller with a scale). A delete is not an
+    eviction: the operator still replaces a failed pool and releases an idle one. The budget lives
+    as long as the GPU's pool is wanted; one left behind selects no pod until that GPU's pool
+    returns, and then guards it again."""
+    name = pool_pod_name(node, index)
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": name, "namespace": namespace, "labels": pool_labels(node, index)},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {
+                "app.kubernetes.io/component": "gpu-pool", POOL_LABEL: name}}}}

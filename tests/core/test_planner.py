@@ -123,6 +123,45 @@ def test_onnx_models_from_a_configmap_or_pvc_are_mounted_for_clients_and_merge()
     assert "model" not in {v["name"] for v in pod_spec(plan_merge(JOB, z))["volumes"]}
 
 
+def test_daemons_outrank_ordinary_pods_and_a_pool_is_guarded_against_eviction() -> None:
+    from sharetune.planner import plan_pool, plan_pool_budget
+
+    s = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda", "gpuSharing": {"gpus": 2}})
+    objs = plan(JOB, s, daemon_priority_class="st-mps")
+    pool = plan_pool("gpu-b", 1, "ops", daemon_priority_class="st-mps")
+    daemons = [o for o in objs if o["kind"] == "Pod"]
+    assert len(daemons) == 2 and all(pod_spec(d)["priorityClassName"] == "st-mps" for d in [*daemons, pool])
+    # Only the daemons; the job's other pods keep their namespace's default priority.
+    assert all("priorityClassName" not in pod_spec(o) for o in objs if o["kind"] in ("Deployment", "Job"))
+    # None configured (the chart's mpsDaemonPriorityClass off): no field at all.
+    assert all("priorityClassName" not in pod_spec(o) for o in [*plan(JOB, s), plan_pool("gpu-b", 1, "ops")]
+               if o["kind"] == "Pod")
+    budget = plan_pool_budget("gpu-b", 1, "ops")
+    assert (budget["apiVersion"], budget["kind"]) == ("policy/v1", "PodDisruptionBudget")
+    assert (budget["metadata"]["name"], budget["metadata"]["namespace"]) == (pool["metadata"]["name"], "ops")
+    assert budget["spec"] == {"minAvailable": 1, "selector": budget["spec"]["selector"]}  # bare pods: this form only
+    sel = budget["spec"]["selector"]["matchLabels"].items()
+    assert sel <= pool["metadata"]["labels"].items()  # it selects its GPU's pool ...
+    assert not sel <= plan_pool("gpu-b", 0, "ops")["metadata"]["labels"].items()  # ... and no other GPU's
+    assert not sel <= plan_pool("gpu-a", 1, "ops")["metadata"]["labels"].items()
+
+
+def test_a_daemon_goes_unready_long_before_it_is_killed() -> None:
+    from sharetune.planner import plan_pool
+
+    s = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda"})
+    for daemon in (next(o for o in plan(JOB, s) if o["kind"] == "Pod"), plan_pool("gpu-a", 0, "ops")):
+        c = containers(daemon)[0]
+        ready, live = c["readinessProbe"], c["livenessProbe"]
+        # Readiness: the control pipe answers (sharetune_tuner.mps.MpsDaemon.health); liveness:
+        # the wrapper still supervises (MpsDaemon.live), which restarts a mute daemon itself.
+        assert ready["httpGet"] == {"path": "/healthz", "port": "metrics"}
+        assert live["httpGet"] == {"path": "/livez", "port": "metrics"}
+        ready_s = ready["periodSeconds"] * ready["failureThreshold"]
+        live_s = live.get("initialDelaySeconds", 0) + live["periodSeconds"] * live["failureThreshold"]
+        assert ready_s <= 10 and live_s >= 10 * ready_s
+
+
 def test_multi_gpu_job_has_a_daemon_and_a_server_group_per_gpu() -> None:
     from sharetune.api.topology import GPU_INDEX_LABEL as GPU_INDEX
     from sharetune.planner import daemon_names, servers_scale
@@ -225,7 +264,9 @@ def test_builders_pool_pods_key_and_autoscaler() -> None:
     pod, c = pod_spec(dep), containers(dep)[0]
     args = build_parser().parse_args(c["args"])
     assert (args.cmd, args.listen, args.workers, args.metrics_port) == ("build-service", "0.0.0.0:9192", 6, 9400)
-    assert dep["spec"]["replicas"] == 3 and c["resources"] == {"requests": {"cpu": "6"}, "limits": {"cpu": "6"}}
+    assert c["resources"] == {"requests": {"cpu": "6"}, "limits": {"cpu": "6"}}
+    # The HPA owns the count: a Deployment stating replicas would reset its scale when applied again.
+    assert "replicas" not in dep["spec"]
     # CPU nodes: the builders' placement, not the job's GPU one; no GPU, no API identity.
     assert pod["nodeSelector"] == {"pool": "cpu"} and pod["tolerations"] == [{"key": "cpu-only", "operator": "Exists"}]
     assert "affinity" not in pod and "gpu" not in str(c.get("resources")) and not pod["automountServiceAccountToken"]
@@ -257,6 +298,7 @@ def test_no_builders_section_no_pool() -> None:
     assert "--build-service" not in containers(job)[0]["args"] and "build-key" not in str(job)
     s = parse_spec("tj", {"model": {"name": "tiny_cnn"}, "builders": {"replicas": 2}})
     assert not [o for o in plan(JOB, s) if o["kind"] == "HorizontalPodAutoscaler"]  # no autoscale: fixed replicas
+    assert next(o for o in plan(JOB, s) if o["metadata"]["name"] == "tj-builders")["spec"]["replicas"] == 2
 
 
 # ---- GPU sharing modes (docs/gpu-pools.md) --------------------------------------------------------
@@ -302,7 +344,8 @@ def test_pool_mode_servers_join_the_gpu_pool_they_were_placed_on() -> None:
     assert dc["securityContext"]["privileged"] is False and not dc["securityContext"]["allowPrivilegeEscalation"]
     assert next(v for v in dpod["volumes"] if v["name"] == "mps")["hostPath"]["path"] == "/run/sharetune/pools/sharetune-system/gpu-1"
     # No default limits on a shared daemon: each job's servers set their own.
-    assert dc["args"] == ["mps-daemon", "--pipe-dir", "/mps/pipe", "--log-dir", "/mps/log", "--metrics-port", "9400"]
+    assert dc["args"] == ["mps-daemon", "--pipe-dir", "/mps/pipe", "--log-dir", "/mps/log", "--client-group", "1000",
+                          "--metrics-port", "9400"]
     # The merge measures under the same pool, inside the job's share and memory budget.
     merge = plan_merge(JOB, s, sharing=placed)
     menv = _env(containers(merge)[0])

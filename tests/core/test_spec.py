@@ -28,16 +28,16 @@ def test_defaults() -> None:
     ({}, "set exactly one of `name`"),
     ({"model": {"name": "x", "onnx": {"path": "/m.onnx"}}}, "set exactly one of `name`"),
     ({"model": {"onnx": {}}}, "set exactly one of path, url, configMap, pvc"),
-    ({"model": {"name": "r"}, "target": "tpu"}, "spec.target: 'tpu' is not one of llvm, cuda"),
-    ({"model": {"name": "r"}, "servers": {"threadPercentage": 0}}, "spec.servers.threadPercentage: 0 is outside [1, 100]"),
-    ({"model": {"name": "r"}, "servers": {"threadPercentage": "50"}}, "expected int, got str"),
-    ({"model": {"name": "r"}, "clients": {"shards": True}}, "expected int, got boolean"),
-    ({"model": {"name": "r"}, "trials": {"total": 0}}, "spec.trials.total: 0 is outside"),
-    ({"model": {"name": "r", "inputShape": [1, -3]}}, "inputShape: expected a list of positive integers"),
-    ({"model": {"name": "r"}, "servers": {"pinnedMemoryLimit": "lots"}}, "is not a size like 4G"),
-    ({"model": {"name": "r"}, "costModel": "gbdt"}, "spec.costModel"),
-    ({"model": {"name": "r"}, "image": "tuner:1 --privileged"}, "spec.image: 'tuner:1 --privileged' is not an image"),
-    ({"model": {"name": "r"}, "image": "-v"}, "spec.image: '-v' is not an image reference"),
+    ({"model": {"name": "resnet18"}, "target": "tpu"}, "spec.target: 'tpu' is not one of llvm, cuda"),
+    ({"model": {"name": "resnet18"}, "servers": {"threadPercentage": 0}}, "spec.servers.threadPercentage: 0 is outside [1, 100]"),
+    ({"model": {"name": "resnet18"}, "servers": {"threadPercentage": "50"}}, "expected int, got str"),
+    ({"model": {"name": "resnet18"}, "clients": {"shards": True}}, "expected int, got boolean"),
+    ({"model": {"name": "resnet18"}, "trials": {"total": 0}}, "spec.trials.total: 0 is outside"),
+    ({"model": {"name": "resnet18", "inputShape": [1, -3]}}, "inputShape: expected a list of positive integers"),
+    ({"model": {"name": "resnet18"}, "servers": {"pinnedMemoryLimit": "lots"}}, "is not a size like 4G"),
+    ({"model": {"name": "resnet18"}, "costModel": "gbdt"}, "spec.costModel"),
+    ({"model": {"name": "resnet18"}, "image": "tuner:1 --privileged"}, "spec.image: 'tuner:1 --privileged' is not an image"),
+    ({"model": {"name": "resnet18"}, "image": "-v"}, "spec.image: '-v' is not an image reference"),
 ])
 def test_errors_name_the_field(spec, message) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SpecError, match=None) as e:
@@ -55,8 +55,8 @@ def test_manifest_errors() -> None:
 
 
 @pytest.mark.parametrize("spec, message", [
-    ({"model": {"name": "r"}, "trails": {"total": 8}}, "spec.trails: unknown field; did you mean spec.trials?"),
-    ({"model": {"name": "r"}, "clients": {"shard": 2}},
+    ({"model": {"name": "resnet18"}, "trails": {"total": 8}}, "spec.trails: unknown field; did you mean spec.trials?"),
+    ({"model": {"name": "resnet18"}, "clients": {"shard": 2}},
      "spec.clients.shard: unknown field; did you mean spec.clients.shards?"),
     ({"model": {"onnx": {"url": "http://h/m.onnx", "sha": "x"}}},
      "spec.model.onnx.sha: unknown field; the fields of spec.model.onnx are configMap, path, pvc, url"),
@@ -199,7 +199,27 @@ def test_image_references_the_kubelet_takes_are_accepted_and_the_crd_agrees() ->
 
     for ok in ("localhost/sharetune-tuner:0.1.0", "registry.example:5000/team/tuner:1",
                "tuner@sha256:" + "a" * 64, "ghcr.io/org/tuner"):
-        assert parse_spec("j", {"model": {"name": "r"}, "image": ok}).raw["image"] == ok
+        assert parse_spec("j", {"model": {"name": "resnet18"}, "image": ok}).raw["image"] == ok
     crd = yaml.safe_load(open(ROOT / "crds" / "tuningjobs.sharetune.io.yaml"))
     image = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["image"]
     assert image["pattern"] == IMAGE_PATTERN and re.compile(image["pattern"])  # one pattern, two checkers
+
+
+def test_a_live_jobs_spec_is_parsed_once_per_generation(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sharetune.api import spec as spec_mod
+
+    calls: list[str] = []
+    real = spec_mod.parse_spec
+    monkeypatch.setattr(spec_mod, "parse_spec", lambda n, s: calls.append(n) or real(n, s))
+    body = {"metadata": {"name": "j", "uid": "u-1", "generation": 1}, "spec": {"model": {"name": "resnet18"}}}
+    first = spec_mod.spec_of(body)
+    assert spec_mod.spec_of(body) is first and calls == ["j"]  # the same generation: not parsed again
+    body["metadata"]["generation"] = 2
+    body["spec"]["trials"] = {"total": 128}
+    assert spec_mod.spec_of(body).trials.total == 128 and calls == ["j", "j"]
+    bad = {"metadata": {"name": "b", "uid": "u-2", "generation": 1}, "spec": {"model": {"name": "vgg"}}}
+    for _ in range(2):  # a bad spec's error comes back each time, parsed once
+        with pytest.raises(SpecError, match="spec.model.name"):
+            spec_mod.spec_of(bad)
+    assert calls == ["j", "j", "b"]
+    assert spec_mod.spec_of({"metadata": {"name": "f"}, "spec": {"model": {"name": "tiny_cnn"}}}).model.name == "tiny_cnn"

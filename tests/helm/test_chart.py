@@ -139,6 +139,28 @@ def test_network_policy_and_request_values_reach_the_operator() -> None:
         assert r.returncode != 0 and bad.split(".")[1].split("[")[0] in r.stderr, r.stderr
 
 
+def test_mps_daemon_priority_class_values_reach_the_operator() -> None:
+    """mpsDaemonPriorityClass: the chart's own class (named after the release namespace: it is
+    cluster-scoped), an existing one by name, or none; the operator gets the name the daemons use."""
+    from sharetune.controller.context import DAEMON_PRIORITY_ENV
+
+    def render(*sets: str) -> tuple[str, list[dict]]:  # type: ignore[type-arg]
+        out = helm(None, "template", "x", str(CHART), "-n", "ops", *[a for s in sets for a in ("--set", s)]).stdout
+        docs = [d for d in yaml.safe_load_all(out) if d]
+        dep = next(d for d in docs if d["kind"] == "Deployment")
+        env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+        return env[DAEMON_PRIORITY_ENV], [d for d in docs if d["kind"] == "PriorityClass"]
+
+    name, classes = render()
+    assert name == "sharetune-operator-ops-mps-daemon" and [c["metadata"]["name"] for c in classes] == [name]
+    assert (classes[0]["value"], classes[0]["preemptionPolicy"], classes[0]["globalDefault"]) == (1000000, "Never", False)
+    assert render("mpsDaemonPriorityClass.create=false", "mpsDaemonPriorityClass.name=gpu-critical") == (
+        "gpu-critical", [])
+    assert render("mpsDaemonPriorityClass.create=false") == ("", [])
+    bad = helm(None, "template", "x", str(CHART), "--set", "mpsDaemonPriorityClass.name=Not_A_Name", check=False)
+    assert bad.returncode != 0 and "mpsDaemonPriorityClass" in bad.stderr
+
+
 @pytest.mark.parametrize("cluster_wide", [False, True])
 def test_template_is_valid_for_the_api_server(helm_cluster, cluster_wide: bool) -> None:  # type: ignore[no-untyped-def]
     kubectl(helm_cluster, "create", "namespace", "dry")
@@ -149,7 +171,7 @@ def test_template_is_valid_for_the_api_server(helm_cluster, cluster_wide: bool) 
     docs = [d for d in yaml.safe_load_all(out) if d]
     kinds = {d["kind"] for d in docs}
     assert kinds == {"ServiceAccount", "CustomResourceDefinition", "Deployment", "Service", "ConfigMap",
-                     "ClusterRole", "ClusterRoleBinding"} | (set() if cluster_wide else {"Role", "RoleBinding"})
+                     "ClusterRole", "ClusterRoleBinding", "PriorityClass"} | (set() if cluster_wide else {"Role", "RoleBinding"})
     # The GPU share ledger's cluster-wide view (nodes, GPUs other pods hold) is read-only.
     view = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-gpu-view"))
     assert {v for r in view["rules"] for v in r["verbs"]} <= {"get", "list", "watch"}

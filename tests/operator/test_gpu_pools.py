@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.cluster]
 
 NS = "pools"
 POOL_SELECTOR = "app.kubernetes.io/component=gpu-pool"
+PRIORITY_CLASS = "st-mps-daemon"
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +38,12 @@ def two_gpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, An
         k8s = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         install_crd(k8s)
         client.CoreV1Api(k8s).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
+        client.SchedulingV1Api(k8s).create_priority_class(client.V1PriorityClass(  # as the chart creates it
+            metadata=client.V1ObjectMeta(name=PRIORITY_CLASS), value=1000000, preemption_policy="Never"))
         op = OperatorProcess(cluster.kubeconfig, NS, tmp_path_factory.mktemp("pools") / "operator.log",
                              env={"SHARETUNE_GPU_SHARING_MODE": "pool", "SHARETUNE_GPU_POOL_NAMESPACE": NS,
-                                  "SHARETUNE_GPU_POOL_IDLE_SECONDS": "3"})
+                                  "SHARETUNE_GPU_POOL_IDLE_SECONDS": "3",
+                                  "SHARETUNE_MPS_DAEMON_PRIORITY_CLASS": PRIORITY_CLASS})
         op.start()
         yield cluster, k8s, op
     finally:
@@ -100,6 +104,17 @@ def test_shares_are_admitted_queued_released_and_survive_an_operator_kill(two_gp
     pools = wait_for("two pools running", lambda: (p := _pools(core)) and len(p) == 2
                      and all(x.status.phase == "Running" for x in p) and p, timeout_s=60)
     pool_of = {p.metadata.annotations["sharetune.io/node"]: p.metadata.name for p in pools}
+    # Each pool daemon runs at the chart's daemon priority and has its PodDisruptionBudget: a
+    # drain's eviction of it is refused.
+    assert all((p.spec.priority_class_name, p.spec.priority) == (PRIORITY_CLASS, 1000000) for p in pools)
+    policy = client.PolicyV1Api(k8s)
+    assert sorted(b.metadata.name for b in policy.list_namespaced_pod_disruption_budget(NS).items) == sorted(
+        pool_of.values())
+    victim = pools[0].metadata.name
+    with pytest.raises(client.ApiException) as refused:
+        core.create_namespaced_pod_eviction(victim, NS, client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=victim, namespace=NS)))
+    assert refused.value.status == 429
     for name, node in placed.items():
         dep = wait_for(f"{name}'s servers", lambda n=name: _deployment(apps, f"{n}-servers"), timeout_s=30)
         pod = dep.spec.template.spec
@@ -154,6 +169,7 @@ def test_shares_are_admitted_queued_released_and_survive_an_operator_kill(two_gp
     for j in after:
         crs.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, j)
     wait_for("idle pools released", lambda: not _pools(core), timeout_s=90)
+    wait_for("and their budgets", lambda: not policy.list_namespaced_pod_disruption_budget(NS).items, timeout_s=30)
 
 
 def test_device_plugin_mode_requests_shared_replicas_and_no_daemon(two_gpus) -> None:  # type: ignore[no-untyped-def]

@@ -42,6 +42,7 @@ OPERATOR_NEEDS: dict[tuple[str, str], set[str]] = {
     ("rbac.authorization.k8s.io", "roles"): {"create"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"create"},
     ("networking.k8s.io", "networkpolicies"): {"create"},  # each job's NetworkPolicy
+    ("policy", "poddisruptionbudgets"): {"create", "delete"},  # a GPU pool daemon's budget (gpupool.py)
 }
 
 

@@ -71,7 +71,57 @@ def test_windows_are_off_without_the_daemons_files(tmp_path: Path) -> None:
     assert mw.Windows.of({"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)}) is None  # an MPS dir of an older daemon
     mw.prepare(tmp_path)
     assert mw.Windows.of({"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)}) is not None
-    assert oct((tmp_path / mw.TENANTS).stat().st_mode & 0o7777) == "0o1777"  # unprivileged servers join
+
+
+def _mode(p: Path) -> str:
+    return oct(p.stat().st_mode & 0o7777)
+
+
+def test_window_files_are_writable_only_by_the_daemon_and_the_clients_group(tmp_path: Path) -> None:
+    old_umask = os.umask(0)  # the modes hold whatever the daemon's umask
+    try:
+        (tmp_path / mw.LOCK).touch(mode=0o666)  # an older daemon's, world-writable
+        mw.prepare(tmp_path, group=os.getgid())
+    finally:
+        os.umask(old_umask)
+    assert _mode(tmp_path / mw.LOCK) == _mode(tmp_path / mw.TURNSTILE) == "0o644"  # clients only read them
+    tenants = tmp_path / mw.TENANTS
+    assert _mode(tenants) == "0o1770" and tenants.stat().st_gid == os.getgid()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switches users: needs root")
+def test_the_clients_group_joins_and_other_users_only_read(tmp_path: Path) -> None:
+    """As in a cluster: the daemon (root) prepares the files for the clients' group (GID 1000). A
+    server of that group read-locks the window (what ``Windows`` does: open read-only, flock) and
+    adds its tenant file; a process of another UID and group can read-lock too but adds no tenant.
+    (flock(1) and touch(1) stand in for the server: the interpreter may not be readable by them.)"""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="sharetune-windows-"))  # pytest's tmp is root's only
+    try:
+        base.chmod(0o755)
+        pipe = base / "pipe"
+        pipe.mkdir(mode=0o755)
+        mw.prepare(pipe, group=1000)
+        script = (f'flock -s -w 5 "$1/{mw.LOCK}" true && echo locked; '
+                  f'touch "$1/{mw.TENANTS}/team-a~job@host-$(id -u)" 2>/dev/null && echo joined || echo refused')
+
+        def as_user(uid: int, gid: int) -> list[str]:
+            def drop() -> None:
+                os.setgroups([])
+                os.setgid(gid)
+                os.setuid(uid)
+
+            r = subprocess.run(["sh", "-c", script, "sh", str(pipe)], capture_output=True, text=True, timeout=60,
+                               preexec_fn=drop, cwd="/")
+            return r.stdout.split()
+
+        assert as_user(1000, 1000) == ["locked", "joined"]
+        assert as_user(1001, 1001) == ["locked", "refused"]
+        assert sorted(p.name for p in (pipe / mw.TENANTS).iterdir()) == ["team-a~job@host-1000"]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_tenant_is_present_exactly_while_its_process_lives(pipe: Path) -> None:

@@ -38,6 +38,14 @@ def test_zoo_models_import_and_extract(name: str, tasks: int, gflop: float) -> N
     assert len({t.info.workload_hash for t in got}) == len(got)
 
 
+def test_the_spec_names_the_zoos_models() -> None:
+    """spec.model.name is checked against the parser's list (no TVM in the parser): the zoo's."""
+    from sharetune.api.spec import BUILTIN_MODELS
+    from sharetune_tuner.zoo import ZOO
+
+    assert set(BUILTIN_MODELS) == set(ZOO)
+
+
 def test_onnx_file_roundtrip(tmp_path: Path) -> None:
     import onnx
 

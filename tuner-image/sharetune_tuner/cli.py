@@ -7,8 +7,9 @@
   build-service  one builder pool for the clients of a host (local mode) or a job (builder pods)
   merge        merges shard databases, compiles, checks, measures, writes the summary
 
-Each serves /metrics and /healthz on --metrics-port (0 = any free port, -1 = off) and stops
-cleanly on SIGTERM. User errors print one line and exit with a distinct code (see errors.py).
+Each serves /metrics and /healthz on --metrics-port (0 = any free port, -1 = off; the MPS daemon
+also /livez: see sharetune_tuner.mps) and stops cleanly on SIGTERM. User errors print one line
+and exit with a distinct code (see errors.py).
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--thread-percentage", type=int, default=None, help="default active thread percentage")
     m.add_argument("--pinned-memory-limit", default=None, help="default pinned device memory limit, e.g. 8G")
     m.add_argument("--control-binary", default="nvidia-cuda-mps-control")
+    m.add_argument("--client-group", type=int, default=None,
+                   help="GID of the MPS clients (servers, merge): the group that may add tenant files to the pipe "
+                   "directory's measurement windows (default: this process's group)")
     m.add_argument("--gpu-check", action=argparse.BooleanOptionalAction, default=True,
                    help="require a GPU through NVML before starting (off only for a stand-in control binary in tests)")
     _common(m)
@@ -140,23 +144,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _status_server(port: int, health: Any = None) -> Any:
+def _status_server(port: int, health: Any = None, live: Any = None) -> Any:
     if port < 0:
         return None
     from .service import StatusServer
 
-    srv = StatusServer(port, health).start()
+    srv = StatusServer(port, health, live=live).start()
     log.info("metrics and health on port %d", srv.port)
     return srv
 
 
-def _serve(metrics_port: int, health: Any, loop: Any) -> int:
+def _serve(metrics_port: int, health: Any, loop: Any, live: Any = None) -> int:
     """A long-running command: SIGTERM/SIGINT set the stop event ``loop`` polls, and /metrics +
-    /healthz are served for as long as it runs."""
+    /healthz (+ /livez) are served for as long as it runs."""
     from .service import stop_on_signals
 
     stop = stop_on_signals()
-    srv = _status_server(metrics_port, health)
+    srv = _status_server(metrics_port, health, live)
     try:
         return int(loop(stop))
     finally:
@@ -194,8 +198,8 @@ def run(a: argparse.Namespace) -> int:
         from .mps import MpsDaemon
 
         d = MpsDaemon(a.pipe_dir, a.log_dir, a.thread_percentage, a.pinned_memory_limit, a.control_binary,
-                      require_gpu=a.gpu_check)
-        return _serve(a.metrics_port, d.health, d.run)
+                      require_gpu=a.gpu_check, client_group=a.client_group)
+        return _serve(a.metrics_port, d.health, d.run, live=d.live)
     if a.cmd == "build-service":
         from .build_service import BuildService
         from .cpus import available_cpus

@@ -17,8 +17,8 @@ measurement. Two things keep that honest:
 
 Both live in the GPU's MPS pipe directory because that is what every process on one GPU shares
 (the pool's hostPath in a cluster, ``.pool/gpu-N/pipe`` locally). The MPS daemon command creates
-the files (``prepare``), world-writable because servers run unprivileged; without them (CPU jobs,
-an older daemon) windows are off and measuring is unchanged.
+the files (``prepare``: who may write what is explained there); without them (CPU jobs, an older
+daemon) windows are off and measuring is unchanged.
 """
 
 from __future__ import annotations
@@ -56,16 +56,38 @@ def tenant(fallback: str) -> str:
     return os.environ.get(TENANT_ENV) or fallback
 
 
-def prepare(pipe_dir: Path) -> None:
-    """The window files in a GPU's pipe directory (the MPS daemon command, at start)."""
+LOCK_MODE = 0o644  # the daemon's; every client opens them read-only
+TENANTS_MODE = 0o1770  # the daemon and the clients' group add files; sticky: only a file's owner removes it
+
+
+def prepare(pipe_dir: Path, group: int | None = None) -> None:
+    """The window files in a GPU's pipe directory (the MPS daemon command, at start).
+
+    Who writes and reads them: the daemon command creates them (root in a cluster, the user in
+    local mode). Its clients, the tuning servers and the merge (in a cluster every job's run as
+    the tuner UID and group 1000; locally, as the user), open the lock and the turnstile read-only
+    and ``flock`` them, which needs no write access, so these are the daemon's and only readable
+    by others (``LOCK_MODE``, whatever the umask). The clients do write in the tenant directory
+    (each adds its tenant file and removes dead ones), so it is writable by the daemon and by
+    ``group``, the clients' GID (None: the daemon's own group, as in local mode), and by no one
+    else (``TENANTS_MODE``). An older daemon's world-writable files are narrowed where this
+    process may."""
     for name in (LOCK, TURNSTILE):
-        p = pipe_dir / name
-        p.touch(exist_ok=True)
-        with contextlib.suppress(PermissionError):  # made by another user before: already open to all
-            os.chmod(p, 0o666)
-    (pipe_dir / TENANTS).mkdir(exist_ok=True)
+        fd = os.open(pipe_dir / name, os.O_RDONLY | os.O_CREAT, LOCK_MODE)
+        try:
+            with contextlib.suppress(PermissionError):  # another user's: left as it is
+                os.fchmod(fd, LOCK_MODE)
+        finally:
+            os.close(fd)
+    tenants = pipe_dir / TENANTS
+    tenants.mkdir(exist_ok=True)
+    if group is not None:
+        try:
+            os.chown(tenants, -1, group)
+        except PermissionError:
+            log.warning("cannot give %s to group %d: only this process's group adds tenants", tenants, group)
     with contextlib.suppress(PermissionError):
-        os.chmod(pipe_dir / TENANTS, 0o1777)  # anyone adds a tenant file, only its owner removes it
+        os.chmod(tenants, TENANTS_MODE)
 
 
 def _flock(fd: int, op: int, timeout_s: float) -> bool:

@@ -5,6 +5,13 @@ crash is seen at once, the daemon is started again with the same defaults, and s
 through the control pipe, then SIGTERM/SIGKILL of its process group if it does not go.
 Thread-percentage and pinned-memory defaults apply to MPS servers started afterwards; tuning
 servers set their own limits through the environment as MPS clients.
+
+Two checks, served on the metrics port, for a pod's two probes: ``health`` (``/healthz``,
+readiness) is whether the control daemon answered its pipe recently, i.e. accepts clients;
+``live`` (``/livez``, liveness) is only whether this wrapper still supervises. A restart of the
+pod ends the MPS server and every client's CUDA context, co-tenant jobs' included, while the
+wrapper restarts a dead or mute control daemon itself: a slow daemon must go unready long
+before anything kills it.
 """
 
 from __future__ import annotations
@@ -27,6 +34,11 @@ log = logging.getLogger("sharetune.mps")
 
 READY = "sharetune-ready"  # in the pipe directory: the daemon answers and has its defaults
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+# Readiness: the control pipe answered within this (the supervisor asks every 2 s).
+ANSWER_FRESH_S = 10.0
+# Liveness: the supervising loop ran within this. Above its longest legitimate pause: restarting a
+# mute daemon (a 10 s check, up to 50 s to stop it, up to ~35 s to start and configure it).
+SUPERVISOR_STALL_S = 180.0
 
 
 def wait_for_daemon(timeout_s: float, stop: threading.Event | None = None, poll_s: float = 0.5) -> Path:
@@ -73,15 +85,18 @@ def _dies_with(parent: int) -> Callable[[], None]:
 class MpsDaemon:
     def __init__(self, pipe_dir: Path, log_dir: Path, thread_percentage: int | None = None,
                  pinned_memory_limit: str | None = None, control_binary: str = "nvidia-cuda-mps-control",
-                 require_gpu: bool = True) -> None:
+                 require_gpu: bool = True, client_group: int | None = None) -> None:
         self.pipe_dir, self.log_dir = Path(pipe_dir), Path(log_dir)
         self.thread_percentage = thread_percentage
         self.pinned_memory_limit = pinned_memory_limit
         self.control_binary = control_binary
         self.require_gpu = require_gpu
+        self.client_group = client_group  # the clients' GID: measure_window.prepare
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
         self.last_answer = False
+        self.answered_at: float | None = None  # monotonic time of the control pipe's last answer
+        self.ticked_at = time.monotonic()  # of the supervisor's last step
 
     @property
     def env(self) -> dict[str, str]:
@@ -119,7 +134,7 @@ class MpsDaemon:
         binary = self.preflight()
         self.pipe_dir.mkdir(parents=True, exist_ok=True)
         (self.pipe_dir / READY).unlink(missing_ok=True)
-        measure_window.prepare(self.pipe_dir)  # before READY: servers find their windows at start
+        measure_window.prepare(self.pipe_dir, self.client_group)  # before READY: servers find their windows at start
         self.log_dir.mkdir(parents=True, exist_ok=True)
         out = open(self.log_dir / "sharetune-mps-control.out", "ab")
         self.proc = subprocess.Popen([binary, "-f"], env=self.env, stdout=out, stderr=subprocess.STDOUT,
@@ -142,6 +157,7 @@ class MpsDaemon:
             self._must(f"set_default_device_pinned_mem_limit 0 {self.pinned_memory_limit}")
         # Local mode starts the servers once this exists (instead of after a fixed sleep).
         (self.pipe_dir / READY).touch()
+        self.answered_at = time.monotonic()
         log.info("MPS control daemon up (pid %d, pipe %s)", self.proc.pid, self.pipe_dir)
 
     def _must(self, command: str) -> None:
@@ -153,9 +169,20 @@ class MpsDaemon:
         return self.proc is not None and self.proc.poll() is None
 
     def health(self) -> tuple[bool, str]:
+        """Readiness: the control daemon runs and answered its pipe within ``ANSWER_FRESH_S``."""
         if not self.alive():
             return False, "MPS control daemon not running"
-        return (True, "ok") if self.last_answer else (False, "MPS control daemon does not answer")
+        if self.answered_at is None or time.monotonic() - self.answered_at > ANSWER_FRESH_S:
+            return False, f"MPS control daemon has not answered for more than {ANSWER_FRESH_S:.0f} s"
+        return True, "ok"
+
+    def live(self) -> tuple[bool, str]:
+        """Liveness: the supervisor (``run``) stepped within ``SUPERVISOR_STALL_S``; a dead or
+        mute control daemon is its to restart, not a reason to end the pod."""
+        stalled = time.monotonic() - self.ticked_at
+        if stalled > SUPERVISOR_STALL_S:
+            return False, f"the MPS daemon's supervisor has not run for {stalled:.0f} s"
+        return True, "ok"
 
     def stop(self) -> None:
         if self.proc is None:
@@ -182,12 +209,15 @@ class MpsDaemon:
 
     def run(self, stop: threading.Event, poll_s: float = 2.0, max_restarts: int = 20) -> int:
         """Keeps the daemon up until ``stop``: a dead or mute daemon is started again."""
+        self.ticked_at = time.monotonic()
         self.start()
         try:
             while not stop.wait(poll_s):
+                self.ticked_at = time.monotonic()
                 self.last_answer = self.alive() and self.control("get_server_list")[0] == 0
                 metrics.MPS_UP.labels(str(self.pipe_dir)).set(int(self.last_answer))
                 if self.last_answer:
+                    self.answered_at = time.monotonic()
                     continue
                 if self.restarts >= max_restarts:
                     log.error("MPS control daemon failed %d times: giving up", self.restarts)
@@ -196,6 +226,7 @@ class MpsDaemon:
                             "died" if not self.alive() else "stopped answering")
                 self.stop()
                 self.restarts += 1
+                self.ticked_at = time.monotonic()
                 self.start()
         finally:
             self.stop()

@@ -1,4 +1,4 @@
-"""What every tuner process shares: /metrics + /healthz on a port, and SIGTERM = clean stop."""
+"""What every tuner process shares: /metrics + /healthz (+ /livez) on a port, and SIGTERM = clean stop."""
 
 from __future__ import annotations
 
@@ -15,18 +15,21 @@ log = logging.getLogger("sharetune")
 
 
 class StatusServer:
-    """Serves ``/metrics`` (Prometheus text format) and ``/healthz`` (200 when healthy)."""
+    """Serves ``/metrics`` (Prometheus text format), ``/healthz`` (200 when healthy) and
+    ``/livez`` (200 while ``live`` says so; without one, while this process answers at all): a
+    process whose readiness and liveness must differ (the MPS daemon) gives both."""
 
     def __init__(self, port: int, healthy: Callable[[], tuple[bool, str]] | None = None,
-                 host: str = "0.0.0.0") -> None:
+                 host: str = "0.0.0.0", live: Callable[[], tuple[bool, str]] | None = None) -> None:
         check = healthy or (lambda: (True, "ok"))
+        live_check = live or (lambda: (True, "ok"))
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server naming)
                 if self.path.startswith("/metrics"):
                     body, ctype, code = generate_latest(REGISTRY), CONTENT_TYPE_LATEST, 200
-                elif self.path.startswith("/healthz"):
-                    ok, why = check()
+                elif self.path.startswith("/healthz") or self.path.startswith("/livez"):
+                    ok, why = (check if self.path.startswith("/healthz") else live_check)()
                     body, ctype, code = why.encode() + b"\n", "text/plain", 200 if ok else 503
                 else:
                     body, ctype, code = b"not found\n", "text/plain", 404

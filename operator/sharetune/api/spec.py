@@ -6,8 +6,11 @@ both agree on defaults and on what is an error. Pure: no kopf, no kubernetes, no
 
 from __future__ import annotations
 
+import copy
 import difflib
 import re
+from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,9 @@ KIND = "TuningJob"
 PLURAL = "tuningjobs"  # the CRD's resource name (crds/tuningjobs.sharetune.io.yaml)
 TARGETS = ("llvm", "cuda")
 COST_MODELS = ("xgb", "random")
+# The tuner image's built-in models (sharetune_tuner.zoo.ZOO; tests/tuner pins that they agree).
+BUILTIN_MODELS = ("resnet18", "resnet50", "mobilenet_v2", "transformer_encoder", "tiny_cnn")
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 # How a cuda job's servers get their GPU (docs/gpu-pools.md): a share of a GPU under the operator's
 # per-GPU MPS daemon ("pool"), whole GPUs with a daemon of the job's own ("exclusive"), or replicas
 # of the NVIDIA device plugin's MPS sharing ("devicePlugin").
@@ -161,6 +167,8 @@ class TuningJobSpec:
     output: OutputSpec = field(default_factory=OutputSpec)
     builders: BuildersSpec | None = None  # spec.builders: the job's build pool on CPU nodes; None = clients build
     sharing: GpuSharing = field(default_factory=GpuSharing)
+    image_pull_policy: str = "IfNotPresent"
+    ttl_seconds_after_finished: int | None = None  # None: the finished job is kept until deleted
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -296,6 +304,12 @@ def parse_spec(name: str, spec: dict[str, Any]) -> TuningJobSpec:
     model_name = _get(m, "name", str, None, "spec.model")
     if (model_name is None) == (onnx_d is None):
         raise SpecError("spec.model: set exactly one of `name` (built-in model) or `onnx` (a user model)")
+    if model_name is not None and model_name not in BUILTIN_MODELS:
+        raise SpecError(f"spec.model.name: {model_name!r} is not a built-in model ({', '.join(BUILTIN_MODELS)}); "
+                        "for another model use spec.model.onnx")
+    pull = _get(spec, "imagePullPolicy", str, "IfNotPresent", "spec")
+    if pull not in PULL_POLICIES:
+        raise SpecError(f"spec.imagePullPolicy: {pull!r} is not one of {', '.join(PULL_POLICIES)}")
     onnx_src = None
     if onnx_d is not None:
         cm = _get(onnx_d, "configMap", dict, None, "spec.model.onnx")
@@ -384,7 +398,10 @@ def parse_spec(name: str, spec: dict[str, Any]) -> TuningJobSpec:
         cost_model=cost, seed=_int_in(spec, "seed", 0, 0, 2**31 - 1, "spec"),
         builder_workers=workers,
         backoff_limit_per_index=_int_in(c, "backoffLimitPerIndex", 3, 0, 100, "spec.clients"),
-        output=output, builders=parse_builders(spec), sharing=sharing, raw=spec,
+        output=output, builders=parse_builders(spec), sharing=sharing, image_pull_policy=pull,
+        ttl_seconds_after_finished=(None if spec.get("ttlSecondsAfterFinished") is None else
+                                    _int_in(spec, "ttlSecondsAfterFinished", 0, 0, 31536000, "spec")),
+        raw=spec,
     )
 
 
@@ -493,3 +510,34 @@ def _manifest_text(source: str | Path) -> str:
             from None
     except OSError as e:
         raise SpecError(f"cannot read it: {e.strerror or e}") from None
+
+
+# Parsed specs of live objects, by (uid, generation): the API server bumps metadata.generation on
+# every change of spec (not of status), so a job's spec is parsed once per change, however many
+# handlers and ticks read it. A bad spec is remembered too: its error is raised again, unparsed.
+_PARSED: OrderedDict[tuple[str, int], TuningJobSpec | SpecError] = OrderedDict()
+PARSED_CACHE_SIZE = 1024
+
+
+def spec_of(body: Mapping[str, Any]) -> TuningJobSpec:
+    """The TuningJob ``body``'s parsed spec (parse_spec), once per (uid, generation); an object
+    without both (a file, a test's dict) is parsed every time. Raises SpecError."""
+    meta = body.get("metadata") or {}
+    uid, gen = meta.get("uid"), meta.get("generation")
+    if not uid or gen is None:
+        return parse_spec(str(meta.get("name")), dict(body.get("spec") or {}))
+    key = (str(uid), int(gen))
+    got = _PARSED.get(key)
+    if got is None:
+        try:
+            got = parse_spec(str(meta.get("name")), copy.deepcopy(dict(body.get("spec") or {})))
+        except SpecError as e:
+            got = e
+        _PARSED[key] = got
+        while len(_PARSED) > PARSED_CACHE_SIZE:
+            _PARSED.popitem(last=False)
+    else:
+        _PARSED.move_to_end(key)
+    if isinstance(got, SpecError):
+        raise SpecError(str(got))
+    return got

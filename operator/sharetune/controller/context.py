@@ -17,6 +17,8 @@ from ..sharing import SharingConfig
 from .metrics import JobPhases
 
 MEMO_KEY = "sharetune"
+# The chart's mpsDaemonPriorityClass, resolved to a name ("" = none): the MPS daemons' priority.
+DAEMON_PRIORITY_ENV = "SHARETUNE_MPS_DAEMON_PRIORITY_CLASS"
 
 
 def load_api() -> client.ApiClient:
@@ -40,6 +42,7 @@ class Context:
     network: NetworkConfig = field(default_factory=NetworkConfig)  # the chart's networkPolicy values
     requests: Mapping[str, Mapping[str, str]] = field(  # the chart's defaultRequests values
         default_factory=lambda: pod_requests.from_env({}))
+    daemon_priority_class: str | None = None  # the MPS daemons' PriorityClass (None: none)
 
     @classmethod
     def from_env(cls, namespaces: tuple[str, ...] = ()) -> "Context":
@@ -48,7 +51,8 @@ class Context:
                    status_interval_s=float(os.environ.get("SHARETUNE_STATUS_INTERVAL", "3")),
                    # A bad setting stops the operator at start, naming the variable and chart value.
                    sharing=SharingConfig.from_env(), network=NetworkConfig.from_env(os.environ),
-                   requests=pod_requests.from_env(os.environ))
+                   requests=pod_requests.from_env(os.environ),
+                   daemon_priority_class=os.environ.get(DAEMON_PRIORITY_ENV, "").strip() or None)
 
     @property
     def core(self) -> client.CoreV1Api:
@@ -65,6 +69,10 @@ class Context:
     @property
     def custom(self) -> client.CustomObjectsApi:
         return client.CustomObjectsApi(self.api)
+
+    @property
+    def policy(self) -> client.PolicyV1Api:
+        return client.PolicyV1Api(self.api)
 
 
 def of(memo: Any) -> Context:

@@ -7,9 +7,10 @@ asks :func:`sharetune.gpushare.plan_tick` what to do, and does it:
   one killed right before it decides again from scratch; nothing is remembered in between);
 - a waiting job gets its queue position (reason ``WaitingForGpuShare``, one Event when it starts
   waiting, not one per position);
-- pool daemons are created where a job was placed, replaced when they failed (the servers
-  attached to them are rolled: their CUDA contexts died with the MPS server), marked idle when
-  their last job left and deleted after ``poolIdleSeconds``.
+- pool daemons are created where a job was placed, each after its PodDisruptionBudget (an
+  eviction would take every co-tenant with it), replaced when they failed (the servers attached
+  to them are rolled: their CUDA contexts died with the MPS server), marked idle when their last
+  job left and deleted, with their budget, after ``poolIdleSeconds``.
 
 The children of a job admitted here are created by the caller (``reconcile.create_children``).
 """
@@ -29,7 +30,7 @@ from ..admission import GPU_COUNT_RESOURCE, GpuId, JobKey
 from ..api.spec import API_GROUP, API_VERSION, PLURAL
 from ..api.topology import GPU_INDEX_LABEL, POOL_LABEL, POOL_NODE_ANNOTATION
 from ..gpushare import WAITING, PoolPod, TickPlan, co_tenant_status, plan_tick, pool_job
-from ..planner import plan_pool
+from ..planner import plan_pool, plan_pool_budget
 from . import events, kube, metrics
 from .context import Context
 from .status import PENDING, now
@@ -174,8 +175,9 @@ def _apply_pools(ctx: Context, decided: TickPlan) -> None:
     for name in decided.replace_pools:
         kube.read_or_none(core.delete_namespaced_pod, name, ns)
     for name, gpu in decided.create_pools.items():
+        _create_budget(ctx, name, gpu)  # first: no pool daemon runs unguarded
         pod = plan_pool(gpu.node, gpu.index, ns, ctx.image, tuple(dict(t) for t in ctx.sharing.pool_tolerations),
-                        ctx.requests)
+                        ctx.requests, ctx.daemon_priority_class)
         try:
             if kube.create(ctx.api, pod):
                 metrics.CHILDREN.labels("Pod").inc()
@@ -195,6 +197,22 @@ def _apply_pools(ctx: Context, decided: TickPlan) -> None:
     for name in decided.delete_pools:
         log.info("GPU pool %s released: no job for %.0f s", name, ctx.sharing.pool_idle_s)
         kube.read_or_none(core.delete_namespaced_pod, name, ns)
+        # After the pod: a budget left behind (an operator stopped in between) guards nothing
+        # until this GPU's pool comes back, and then guards it again.
+        kube.read_or_none(ctx.policy.delete_namespaced_pod_disruption_budget, name, ns)
+
+
+def _create_budget(ctx: Context, name: str, gpu: GpuId) -> None:
+    """The pool's PodDisruptionBudget (409 = already there: kept across a pool's replacement). A
+    refusal is logged and the pool is created all the same: a pool without its budget can be
+    drained, a job without its pool cannot run."""
+    try:
+        kube.create(ctx.api, plan_pool_budget(gpu.node, gpu.index, ctx.sharing.pool_namespace))
+    except client.ApiException as e:
+        if not kube.is_rejection(e):
+            raise
+        metrics.ERRORS.labels("gpu-pool", "BudgetRejected").inc()
+        log.warning("GPU pool %s: PodDisruptionBudget rejected, the pool can be evicted: %s", name, kube.reason(e))
 
 
 def _annotate(ctx: Context, pod: str, annotations: dict[str, str | None]) -> None:

@@ -30,6 +30,7 @@ def create(api: client.ApiClient, obj: dict[str, Any]) -> bool:
         "Deployment": client.AppsV1Api(api).create_namespaced_deployment,
         "Job": client.BatchV1Api(api).create_namespaced_job,
         "NetworkPolicy": client.NetworkingV1Api(api).create_namespaced_network_policy,
+        "PodDisruptionBudget": client.PolicyV1Api(api).create_namespaced_pod_disruption_budget,  # GPU pools
     }[kind]
     try:
         fn(ns, obj)

@@ -98,7 +98,7 @@ def create_children(ctx: Context, body: Any, job: JobRef, s: TuningJobSpec, shar
     t0 = time.monotonic()
     created = 0
     try:
-        objs = plan(job, s, ctx.image, sharing, ctx.network, ctx.requests)
+        objs = plan(job, s, ctx.image, sharing, ctx.network, ctx.requests, ctx.daemon_priority_class)
     except Exception as e:  # a spec the parser let through but the planner cannot use: fail, don't loop
         log.exception("planning %s/%s", job.namespace, job.name)
         metrics.ERRORS.labels("create", "PlanError").inc()
@@ -155,7 +155,8 @@ def recover_mps_daemon(ctx: Context, body: dict[str, Any], job: JobRef, s: Tunin
         if recreate:
             if view.state == "failed":
                 kube.read_or_none(ctx.core.delete_namespaced_pod, daemon_name, job.namespace)
-            daemon = next(o for o in plan(job, s, ctx.image, requests=ctx.requests)
+            daemon = next(o for o in plan(job, s, ctx.image, requests=ctx.requests,
+                                          daemon_priority_class=ctx.daemon_priority_class)
                           if o["kind"] == "Pod" and o["metadata"]["name"] == daemon_name)
             if not kube.create(ctx.api, daemon):
                 continue  # the old pod is still being deleted: try again next tick
