@@ -44,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -188,6 +189,7 @@ def tune(a: argparse.Namespace) -> int:
     wd.mkdir(parents=True)
     ca = _cell_args(a, aid)
     log(f"{aid}: {a.arm} {a.network}, whole model, {a.total} trials, window {a.window_s:.0f} s")
+    profiler = _profile_later(aid, a.profile_at_s, a.profile_s) if a.profile_s else None
     try:
         if a.arm == "sharetune":
             r = tune_cell.run_sharetune(ca, wd)
@@ -235,6 +237,9 @@ def tune(a: argparse.Namespace) -> int:
         **({"mps_server_list": r.get("mps_server_list"), "client_restarts": r.get("client_restarts"),
             "client_startup": r.get("client_startup")} if a.arm == "sharetune" else {}),
     }
+    if profiler is not None:
+        profiler.join(timeout=a.profile_s + 30)
+        cell["profiles"] = sorted(p.name for p in out_dir().glob(f"{aid}-pyspy-*.txt"))
     size = _pack(wd, rel, cell, out_dir() / cell["tar"])
     shutil.copy2(out_dir() / cell["tar"], wd / cell["tar"])  # a warm machine's evaluate finds it here too
     cell["tar_bytes"] = size
@@ -243,6 +248,44 @@ def tune(a: argparse.Namespace) -> int:
         f"({'stopped at the window' if cell['stopped_at_window'] else 'FINISHED EARLY: budget exhausted'}); "
         f"cpu {cell['cpu_util_mean']}%, gpu {cell['gpu_util_mean']}%; tar {size / 1e6:.1f} MB")
     return 0
+
+
+def _profile_later(aid: str, at_s: float, for_s: float) -> threading.Thread:
+    """py-spy (sampling without stopping the process, ``--nonblocking``: Python frames only) on
+    one client and on the build service (or the stock client) from ``at_s`` into the window for
+    ``for_s`` seconds: collapsed stacks in ``$OUT/<arm id>-pyspy-<role>.txt``, where the CPU of a
+    trial goes. py-spy comes from the device carry (.device/py-spy, a pip wheel)."""
+    from common import process_role
+
+    def run() -> None:
+        import psutil
+
+        time.sleep(at_s)
+        exe = shutil.which("py-spy") or next((str(x) for x in [Path(sys.executable).parent / "py-spy"] if x.exists()), None)
+        if exe is None:
+            log("profile: py-spy not installed (pip install .device/py-spy/*.whl): skipped")
+            return
+        chosen: dict[str, int] = {}
+        roles: dict[int, str] = {}
+        for p in psutil.Process().children(recursive=True):
+            try:
+                roles[p.pid] = process_role(p.cmdline(), roles.get(p.ppid()))
+            except psutil.Error:
+                continue
+            if roles[p.pid] in ("client", "build") and roles.get(p.ppid()) != roles[p.pid]:
+                chosen.setdefault(roles[p.pid], p.pid)
+        procs = [subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(int(for_s)), "--rate", "50",
+                                   "--nonblocking", "--subprocesses", "--format", "raw",
+                                   "--output", str(out_dir() / f"{aid}-pyspy-{role}.txt")],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                 for role, pid in chosen.items()]
+        for pr in procs:
+            pr.wait()
+        log(f"profile: {', '.join(chosen)} for {for_s:.0f} s from {at_s:.0f} s into the window")
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
 
 
 # ---- evaluate ---------------------------------------------------------------------------------
@@ -762,6 +805,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--per-iter", type=int, default=ST_PER_ITER, help="sharetune: candidates per round")
     t.add_argument("--per-task", type=int, default=ST_PER_TASK, help="sharetune: trials per task at most")
     t.add_argument("--force", action="store_true")
+    t.add_argument("--profile-s", type=float, default=0.0, help="py-spy one client and the build service for "
+                                                                 "this long (0: no profile)")
+    t.add_argument("--profile-at-s", type=float, default=90.0, help="when the profile starts, into the window")
     e = sub.add_parser("evaluate", help="latency curves of every arm of one (network, seed), on the GPU")
     c = sub.add_parser("compile", help="evaluate's compiling only, on any machine (CUDA: NVRTC, no GPU), "
                                        "packed for evaluate on the GPU machine")
