@@ -16,7 +16,7 @@ from typing import Any
 
 from .admission import Gpu, GpuId, JobKey, Ledger, Placement, Request, gpus_of_node, placement_of, placement_status
 from .admission import request_of
-from .api.spec import SpecError, TuningJobSpec, parse_spec
+from .api.spec import SpecError, TuningJobSpec, spec_of
 from .api.topology import pool_pod_name
 from .sharing import POOL, SharingConfig
 
@@ -71,7 +71,7 @@ def pool_job(body: Mapping[str, Any], config: SharingConfig) -> TuningJobSpec | 
     if meta.get("deletionTimestamp") or status.get("phase") in FINAL:
         return None
     try:
-        spec = parse_spec(str(meta.get("name")), dict(body.get("spec") or {}))
+        spec = spec_of(body)
     except SpecError:
         return None
     return spec if config.mode_of(spec) == POOL else None

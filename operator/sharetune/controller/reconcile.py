@@ -19,7 +19,7 @@ from typing import Any
 import kopf
 from kubernetes import client
 
-from ..api.spec import API_GROUP, API_VERSION, PLURAL, SpecError, TuningJobSpec, check_runs_on_cluster, parse_spec
+from ..api.spec import API_GROUP, API_VERSION, PLURAL, SpecError, TuningJobSpec, check_runs_on_cluster, spec_of
 from ..api.topology import ChildNames
 from ..planner import JobRef, daemon_names, plan, plan_merge, result_location, servers_scale
 from ..admission import placement_of
@@ -37,7 +37,7 @@ log = logging.getLogger("sharetune.operator")
 def _spec_or_fail(ctx: Context, name: str, spec: Any, body: Any, patch: kopf.Patch, generation: int | None
                   ) -> TuningJobSpec | None:
     try:
-        s = parse_spec(name, dict(spec))
+        s = spec_of(body)
         check_runs_on_cluster(s)  # spec.model.onnx.path: a file on a laptop, not in a pod
         return s
     except SpecError as e:
@@ -133,7 +133,7 @@ def scale(ctx: Context, name: str, namespace: str, new: Any, old: Any, body: Any
     if old is None or new is None or status.get("phase") in FINAL:
         return
     try:
-        s = parse_spec(name, dict(body.get("spec") or {}))
+        s = spec_of(body)
     except SpecError:
         return
     for deployment, replicas in servers_scale(name, s, int(new)):
@@ -226,7 +226,7 @@ def _gpu_tick(ctx: Context, items: list[dict[str, Any]]) -> None:
         if placement is None:
             continue
         body.setdefault("status", {})["gpuPlacement"] = placement  # this tick's later steps see it
-        s = parse_spec(meta["name"], dict(body.get("spec") or {}))
+        s = spec_of(body)
         patch = kopf.Patch()
         create_children(ctx, body, JobRef(meta["name"], meta["namespace"], meta["uid"]), s,
                         ctx.sharing.sharing_of(s, placement_of(body["status"])), dict(body["status"]),
@@ -261,7 +261,7 @@ def reconcile_status(ctx: Context, body: dict[str, Any], patch: kopf.Patch, snap
     if phase is None:
         return  # the create handler has not run yet
     try:
-        s = parse_spec(name, dict(spec))
+        s = spec_of(body)
     except SpecError:
         return
     sharing, wait = _sharing(ctx, s, status)
