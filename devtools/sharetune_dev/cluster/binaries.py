@@ -9,7 +9,7 @@ tiny wrapper module:
   replaces each staging module (``k8s.io/api`` ...) by its published ``v0.<minor>.<patch>``.
 * etcd: ``go.etcd.io/etcd/server/v3`` has replace directives too; the wrapper's own ``main``
   calls ``etcdmain.Main``.
-* kwok and helm install cleanly with ``go install``.
+* kwok, helm, CoreDNS, crictl and kube-router install cleanly with ``go install``.
 
 Binaries land in ``$XDG_CACHE_HOME/sharetune/bin/<component>-<version>/`` so a second run is a
 cache hit costing nothing, and a version bump builds into a fresh directory.
@@ -40,6 +40,11 @@ S3_SERVER_VERSION = "1.2.0"
 COREDNS_VERSION = "1.14.7"
 CRICTL_VERSION = "1.34.0"
 PAUSE_VERSION = "3.10-sharetune"
+# The real node's NetworkPolicy enforcer (its firewall controller only; node.py). A TEST FIXTURE:
+# the version the module proxy serves has published security flaws, so it is never part of the
+# chart, the images or anything installed on a cluster; it only proves on the throwaway real node
+# that the policies the operator creates are enforced by a real implementation.
+KUBE_ROUTER_VERSION = "2.1.0"
 
 # The staging modules k8s.io/kubernetes v1.35 replaces with ./staging/src/k8s.io/<name>.
 K8S_STAGING_MODULES = (
@@ -58,7 +63,7 @@ K8S_NODE_COMMANDS = ("kubelet", "kube-proxy")
 
 CONTROL_PLANE_BINARIES = ("etcd", *K8S_COMMANDS, "kwok", "helm")
 TEST_BINARIES = ("s3-server",)
-NODE_BINARIES = (*K8S_NODE_COMMANDS, "coredns", "crictl", "pause")
+NODE_BINARIES = (*K8S_NODE_COMMANDS, "coredns", "crictl", "pause", "kube-router")
 ALL_BINARIES = (*CONTROL_PLANE_BINARIES, *TEST_BINARIES)
 
 
@@ -81,7 +86,8 @@ def binary(name: str) -> Binary:
     if name in K8S_COMMANDS or name in K8S_NODE_COMMANDS:
         return Binary(name, K8S_VERSION)
     versions = {"etcd": ETCD_VERSION, "kwok": KWOK_VERSION, "helm": HELM_VERSION, "s3-server": S3_SERVER_VERSION,
-                "coredns": COREDNS_VERSION, "crictl": CRICTL_VERSION, "pause": PAUSE_VERSION}
+                "coredns": COREDNS_VERSION, "crictl": CRICTL_VERSION, "pause": PAUSE_VERSION,
+                "kube-router": KUBE_ROUTER_VERSION}
     if name not in versions:
         raise KeyError(f"unknown binary {name!r}")
     return Binary(name, versions[name])
@@ -254,6 +260,8 @@ def build(names: list[str]) -> dict[str, float]:
         "helm": f"helm.sh/helm/v3/cmd/helm@v{HELM_VERSION}",
         "coredns": f"github.com/coredns/coredns@v{COREDNS_VERSION}",
         "crictl": f"sigs.k8s.io/cri-tools/cmd/crictl@v{CRICTL_VERSION}",
+        # Test fixture only (see KUBE_ROUTER_VERSION). ~3 min on 2 cores.
+        "kube-router": f"github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@v{KUBE_ROUTER_VERSION}",
     }
     for n, pkg in simple.items():
         if n in names and not path_of(n).exists():
@@ -279,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="sharetune-binaries", description=__doc__.splitlines()[0])
     p.add_argument("names", nargs="*", default=list(ALL_BINARIES))
     p.add_argument("--node", action="store_true",
-                   help="also build the real node's binaries (kubelet, kube-proxy, coredns, crictl, pause)")
+                   help="also build the real node's binaries (kubelet, kube-proxy, coredns, crictl, pause, "
+                        "kube-router)")
     p.add_argument("--json", help="write per-binary build seconds to this file")
     a = p.parse_args(argv)
     names = list(a.names) + (list(NODE_BINARIES) if a.node else [])

@@ -1,4 +1,5 @@
-"""A real node for the local control plane: containerd + runc + CNI bridge, kubelet, kube-proxy, CoreDNS.
+"""A real node for the local control plane: containerd + runc + CNI bridge, kubelet, kube-proxy, CoreDNS,
+and kube-router's firewall as the NetworkPolicy enforcer.
 
 kwok proves the operator talks to Kubernetes correctly; this runs real pods. Everything lives in
 one temp directory (containerd root/state/socket, kubelet root dir, pod logs, CNI config and IPAM
@@ -12,13 +13,19 @@ What this machine kind needs (``shared/notes/containers-and-kubelet.md``):
 * no registry: images are imported with ``ctr images import`` (the pod sandbox image too, a
   hand-made OCI archive around a static Go ``pause``), pods use ``IfNotPresent``/``Never`` and
   image GC is off (a removed image could not be pulled back);
-* no IPVS: kube-proxy in iptables mode; its chains are removed with ``kube-proxy --cleanup``.
+* no IPVS: kube-proxy in iptables mode; its chains are removed with ``kube-proxy --cleanup``;
+* the CNI bridge plugin does not enforce NetworkPolicy: kube-router runs with only its firewall
+  controller (``--run-firewall``; no routing, no service proxy), which enforces the policies with
+  iptables (iptables-nft) and ipset (nftables' own ``queue``, which other enforcers need, is not in
+  this kernel). kube-router is a TEST FIXTURE: the version built (``binaries.KUBE_ROUTER_VERSION``)
+  has published security flaws, and it is never part of the chart, the images or any install.
 
 Host-wide state it touches, and gives back on stop: a bridge ``stbr<N>`` with 10.200.<N>.1/24,
-iptables chains (kube-proxy's ``KUBE-*`` and the bridge plugin's ``CNI-*``), the sysctls kubelet
+iptables chains (kube-proxy's ``KUBE-*``, kube-router's ``KUBE-ROUTER-*``/``KUBE-POD-FW-*``/
+``KUBE-NWPLCY-*`` and the bridge plugin's ``CNI-*``), kube-router's ipsets, the sysctls kubelet
 sets (``vm.overcommit_memory``, ``kernel.panic``, ``kernel.panic_on_oops``: restored), cgroups,
 network namespaces and mounts of its pods. One real node per host at a time (a lock file), since
-kube-proxy's iptables chains are host-global.
+kube-proxy's and kube-router's iptables chains and ipsets are host-global.
 
 CoreDNS runs as a host process bound to the bridge's gateway address; kubelet points pods at it
 (``clusterDNS``), so Service names resolve (``<svc>.<ns>.svc.cluster.local``) and Service
@@ -34,6 +41,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -51,7 +59,7 @@ from cryptography.hazmat.primitives import serialization
 from sharetune.procs import ProcessGroup, free_port
 
 from . import binaries
-from .harness import ClusterError, LocalCluster, _kubeconfig, failure_report
+from .harness import SERVICE_CIDR, ClusterError, LocalCluster, _kubeconfig, failure_report
 from .pki import _issue, _name, _write_cert, _write_key
 
 PAUSE_IMAGE = f"localhost/sharetune-pause:{binaries.PAUSE_VERSION}"
@@ -87,7 +95,8 @@ def host_ip() -> str:
 def missing_host_tools() -> list[str]:
     """Debian packages the real node needs (installed by ``.ci/realnode-setup.sh``)."""
     need = {"containerd": "containerd", "containerd-shim-runc-v2": "containerd", "ctr": "containerd",
-            "runc": "runc", "iptables": "iptables", "ip": "iproute2"}
+            "runc": "runc", "iptables": "iptables", "iptables-save": "iptables", "iptables-restore": "iptables",
+            "ipset": "ipset", "ip": "iproute2"}
     missing = sorted({pkg for tool, pkg in need.items() if shutil.which(tool) is None})
     if not Path(CNI_BIN_DIR, "bridge").exists():
         missing.append("containernetworking-plugins")
@@ -184,12 +193,51 @@ def remove_kubelet_chains() -> None:
                 _sh(tool, "-w", "-t", table, "-X", c, check=False)
 
 
+# kube-router's firewall (netpol controller): its filter-table chains by prefix, the built-in
+# chains that jump into its top-level ones, and its ipsets by prefix (TMP-: the scratch sets of its
+# atomic swaps, normally destroyed at once). ``kube-router --cleanup-config`` is not used: in the
+# version built it cleans no firewall state (it runs the cleanup on an empty controller, whose
+# per-family iptables/ipset handlers are unset) and it also flushes every IPVS service on the host.
+KUBE_ROUTER_CHAIN_PREFIXES = ("KUBE-ROUTER-", "KUBE-POD-FW-", "KUBE-NWPLCY-")
+KUBE_ROUTER_JUMPS = (("INPUT", "KUBE-ROUTER-INPUT"), ("FORWARD", "KUBE-ROUTER-FORWARD"),
+                     ("OUTPUT", "KUBE-ROUTER-OUTPUT"))
+KUBE_ROUTER_IPSET_PREFIXES = ("KUBE-SRC-", "KUBE-DST-", "TMP-")
+
+
+def kube_router_state() -> tuple[list[str], list[str]]:
+    """kube-router's firewall chains (filter table) and ipsets present on this host."""
+    chains = [ln[1:].split()[0] for ln in _sh("iptables-save", "-t", "filter", check=False).stdout.splitlines()
+              if ln.startswith(":") and ln[1:].startswith(KUBE_ROUTER_CHAIN_PREFIXES)]
+    sets = [n for n in _sh("ipset", "list", "-n", check=False).stdout.split()
+            if n.startswith(KUBE_ROUTER_IPSET_PREFIXES)]
+    return chains, sets
+
+
+def remove_kube_router_state(keep_sets: frozenset[str] = frozenset()) -> None:
+    """Removes what kube-router's firewall left (its process stopped): the jumps into its chains,
+    its chains, then its ipsets (a set still referenced by a rule cannot be destroyed).
+    ``keep_sets``: ipsets that were there before it started."""
+    for line in _sh("iptables-save", "-t", "filter", check=False).stdout.splitlines():
+        words = shlex.split(line) if line.startswith("-A ") else []
+        if len(words) > 2 and (words[1], words[-1]) in KUBE_ROUTER_JUMPS:
+            _sh("iptables", "-w", "-t", "filter", "-D", *words[1:], check=False)
+    chains, sets = kube_router_state()
+    for c in chains:  # flush all first: the chains jump into each other
+        _sh("iptables", "-w", "-t", "filter", "-F", c, check=False)
+    for c in chains:
+        _sh("iptables", "-w", "-t", "filter", "-X", c, check=False)
+    for n in sets:
+        if n not in keep_sets:
+            _sh("ipset", "destroy", n, check=False)
+
+
 def _sh(*argv: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), check=check, capture_output=True, text=True, timeout=timeout)
 
 
 class RealNode:
-    """One real node (kubelet + containerd + kube-proxy + CoreDNS) joined to a ``LocalCluster``."""
+    """One real node (kubelet + containerd + kube-proxy + CoreDNS + kube-router's firewall) joined
+    to a ``LocalCluster``."""
 
     def __init__(self, cluster: LocalCluster, name: str = "sharetune-node-0",
                  images: list[Path] | None = None, workdir: Path | None = None,
@@ -209,6 +257,7 @@ class RealNode:
         self.timings: dict[str, float] = {}
         self._lock_fd: int | None = None
         self._bridge_made = False
+        self._ipsets_before: frozenset[str] = frozenset()
 
     # ---- names ---------------------------------------------------------------------------------
     @property
@@ -258,6 +307,7 @@ class RealNode:
             self._start_coredns(deadline)
             self._start_kubelet(deadline)
             self._start_kube_proxy(deadline)
+            self._start_kube_router(deadline)
         except BaseException as e:
             report = self.failure_report()
             self.stop()
@@ -269,19 +319,21 @@ class RealNode:
 
     def stop(self) -> None:
         by_name = {p.name: p for p in self.processes}
-        for n in ("kube-proxy", "kubelet"):
+        for n in ("kube-router", "kube-proxy", "kubelet"):
             if n in by_name:
                 by_name[n].stop()
         if "containerd" in by_name and by_name["containerd"].alive():
             # Every pod sandbox: stop (CNI DEL: veth, IP, portmap/masquerade rules) and remove.
             _sh(str(binaries.path_of("crictl")), f"--runtime-endpoint=unix://{self.sock}",
                 "--timeout=60s", "rmp", "-a", "-f", check=False, timeout=180)
+        if "kube-router" in by_name:
+            remove_kube_router_state(self._ipsets_before)
         if "kube-proxy" in by_name:
             _sh(str(binaries.path_of("kube-proxy")), "--cleanup", check=False)
         if "kubelet" in by_name:
             remove_kubelet_chains()
         for p in reversed(self.processes):
-            if p.name not in ("kube-proxy", "kubelet"):
+            if p.name not in ("kube-router", "kube-proxy", "kubelet"):
                 p.stop()
         self._kill_own_shims()
         self.processes.clear()
@@ -408,6 +460,11 @@ class RealNode:
         _kubeconfig(w / "kube-proxy.kubeconfig", server, pki / "ca.crt", crt, key, "system:kube-proxy")
         crt, key = _issue_client(pki, "sharetune-coredns", "system:masters", "coredns")
         _kubeconfig(w / "coredns.kubeconfig", server, pki / "ca.crt", crt, key, "coredns")
+        # The test fixture's enforcer lists/watches pods, namespaces, NetworkPolicies, nodes,
+        # Services, Endpoints and EndpointSlices (its informers start them all, even with only the
+        # firewall on): an admin certificate on this throwaway cluster, like CoreDNS's.
+        crt, key = _issue_client(pki, "sharetune-kube-router", "system:masters", "kube-router")
+        _kubeconfig(w / "kube-router.kubeconfig", server, pki / "ca.crt", crt, key, "kube-router")
         (pki / "ca.key").unlink()
 
         cni = w / "cni" / "net.d"
@@ -604,6 +661,28 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                     return False
             return "KUBE-SVC-" in _sh("iptables-save", "-t", "nat").stdout
         self._wait("kube-proxy synced (KUBE-SVC-* rules)", synced, deadline, [p])
+
+    def _start_kube_router(self, deadline: float) -> None:
+        """kube-router's NetworkPolicy firewall only (a test fixture: see the module docstring).
+        It finds this node's pods by the node's InternalIP (their hostIP) and filters traffic to
+        them in the filter table's FORWARD (bridged, via br_netfilter) and OUTPUT chains; a
+        disallowed connection is REJECTed (the client sees "connection refused")."""
+        self._ipsets_before = frozenset(kube_router_state()[1])
+        p = self._spawn("kube-router", [
+            str(binaries.path_of("kube-router")),
+            "--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
+            "--run-loadbalancer=false", "--enable-cni=false", "--enable-ipv6=false",
+            f"--kubeconfig={self.workdir / 'kube-router.kubeconfig'}",
+            f"--hostname-override={self.name}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--health-port=0", "--metrics-port=0",  # no listener on the host's addresses
+            "--iptables-sync-period=1m",
+        ])
+
+        def synced() -> bool:
+            rules = _sh("iptables-save", "-t", "filter").stdout
+            return "-j KUBE-ROUTER-FORWARD" in rules and ":KUBE-NWPLCY-DEFAULT" in rules
+        self._wait("kube-router firewall (KUBE-ROUTER-* chains)", synced, deadline, [p])
 
 
 class RealCluster:

@@ -39,11 +39,13 @@ def kubectl(rc: RealCluster, *args: str, **kw: Any) -> subprocess.CompletedProce
     return run(rc, "kubectl", *args, **kw)
 
 
-def helm_install(rc: RealCluster, namespace: str = NAMESPACE, timeout: str = "5m") -> float:
-    """Installs the chart and waits until the operator pod is Ready; returns the seconds spent."""
+def helm_install(rc: RealCluster, namespace: str = NAMESPACE, timeout: str = "5m",
+                 values: tuple[str, ...] = ()) -> float:
+    """Installs the chart and waits until the operator pod is Ready; returns the seconds spent.
+    ``values``: more helm arguments (``--set ...``, ``--set-json ...``)."""
     t0 = time.monotonic()
     run(rc, "helm", "install", RELEASE, str(CHART), "-n", namespace, "--create-namespace", *NEVER_PULL,
-        "--wait", "--timeout", timeout, timeout=400)
+        *values, "--wait", "--timeout", timeout, timeout=400)
     return time.monotonic() - t0
 
 
