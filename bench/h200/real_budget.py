@@ -646,7 +646,8 @@ def summarize_cells(arm_cells: dict[str, dict[str, Any]], eval_cells: dict[str, 
             sides[arm] = {"trials_per_s": cell.get("trials_per_s"), "curve": curve, "window_s": cell["window_s"],
                           "machine": cell.get("machine"), "trials": cell.get("trials"),
                           "stopped_at_window": cell.get("stopped_at_window"),
-                          "cpu_util_mean": cell.get("cpu_util_mean"), "gpu_util_mean": cell.get("gpu_util_mean")}
+                          "cpu_util_mean": cell.get("cpu_util_mean"), "gpu_util_mean": cell.get("gpu_util_mean"),
+                          "cpu_core_s_by_role": cell.get("cpu_core_s_by_role")}
         n = networks.setdefault(net, {"runs": [], "vs": {b: [] for b in BASELINES}, "speedup": {}})
         run = {"seed": seed, "untuned_ms": ev["untuned_ms"], "gpu": ev.get("gpu"), "eval_machine": ev.get("machine"),
                "arms": {}}
@@ -656,7 +657,8 @@ def summarize_cells(arm_cells: dict[str, dict[str, Any]], eval_cells: dict[str, 
             run["arms"][arm] = {"trials": s["trials"], "trials_per_s": s["trials_per_s"], "final_ms": final,
                                 "speedup_vs_untuned": sp, "cpu_util_mean": s["cpu_util_mean"],
                                 "gpu_util_mean": s["gpu_util_mean"], "stopped_at_window": s["stopped_at_window"],
-                                "machine": s["machine"], "curve": s["curve"]}
+                                "machine": s["machine"], "curve": s["curve"],
+                                **({"cpu_core_s_by_role": s["cpu_core_s_by_role"]} if s["cpu_core_s_by_role"] else {})}
             n["speedup"].setdefault(arm, []).append(sp)
         n["runs"].append(run)
         if "sharetune" in sides:
