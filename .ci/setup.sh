@@ -42,5 +42,7 @@ else
   }
   step "$label" full_pip
 fi
-step "pinned Kubernetes binaries (built with Go on first use: ~10 min; then cached)" \
+# Also the chart's linters (kube-score, built with Go; checkov, pip into a venv of its own):
+# tests/helm/test_linters.py.
+step "pinned Kubernetes binaries and linters (built with Go on first use: ~10 min; then cached)" \
   .venv/bin/python -m sharetune_dev.cluster.binaries

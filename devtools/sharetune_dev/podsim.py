@@ -78,6 +78,9 @@ class ProcessKubelet:
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="sharetune-podsim-")))
     cpu_for_gpu: bool = False  # run a cuda job's pods on the CPU (a GPU mock; the test must say so)
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Which pods it runs: every sharetune pod, or fewer (e.g. "...,app.kubernetes.io/component=s3-cleanup");
+    # the others stay as kwok left them, Running without a process.
+    label_selector: str = MANAGED
 
     def __post_init__(self) -> None:
         self.core = client.CoreV1Api(self.k8s)
@@ -130,7 +133,7 @@ class ProcessKubelet:
 
     # ---- the kubelet ----------------------------------------------------------------------------
     def tick(self) -> None:
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=MANAGED).items
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=self.label_selector).items
         by_uid = {p.metadata.uid: p for p in pods}
         with self._lock:
             for uid, proc in list(self.procs.items()):

@@ -19,7 +19,8 @@ Privileges, kept minimal and stated:
   under it, so it must not be among the first to go. A GPU pool's daemon, shared by several jobs,
   also has a PodDisruptionBudget (:func:`plan_pool_budget`): draining its node waits for a person.
 - All other pods: non-root UID 1000, no privilege escalation, all capabilities dropped,
-  read-only root filesystem with an emptyDir for scratch.
+  read-only root filesystem with an emptyDir for scratch, RuntimeDefault seccomp (the pod's
+  securityContext as well as each container's).
 
 GPU sharing modes (``Sharing``, docs/gpu-pools.md): the above is mode exclusive. In mode pool
 the job has no daemon: :func:`plan_pool` is the operator's daemon of one GPU, shared by every job
@@ -45,6 +46,7 @@ from .api.topology import (GPU_INDEX_LABEL, JOB_MANIFEST, METRICS_PORT, MODEL_DI
                            MPS_HOST_ROOT,
                            POD_WORK_DIR, SERVER_PORT, TRACKER_PORT, ChildNames, configmap_uri, gpu_groups, in_group)
 from .api.topology import result_location as _result_location
+from .api.topology import s3_job_prefix as _s3_job_prefix
 from .api.topology import store_uri as _store_uri
 from .api.topology import BUILD_AUTHKEY_FILE_ENV, BUILD_KEY_DIR, BUILD_KEY_FILE, BUILD_PORT
 from .api.topology import POOL_LABEL, POOL_NODE_ANNOTATION, TENANT_ENV, pool_host_dir, pool_pod_name
@@ -97,6 +99,13 @@ def _restricted() -> dict[str, Any]:
     return {"runAsNonRoot": True, "runAsUser": TUNER_UID, "runAsGroup": TUNER_GID,
             "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
             "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _pod_restricted() -> dict[str, Any]:
+    """The pod-level half of :func:`_restricted`: also binds a container the spec does not name
+    (one injected by an admission webhook)."""
+    return {"runAsNonRoot": True, "runAsUser": TUNER_UID, "runAsGroup": TUNER_GID,
+            "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def _store_env(spec: TuningJobSpec) -> list[dict[str, Any]]:
@@ -153,6 +162,7 @@ def _pod_spec(spec: TuningJobSpec, containers: list[dict[str, Any]], *, volumes:
     p: dict[str, Any] = {
         "containers": containers,
         "volumes": [{"name": "scratch", "emptyDir": {}}, *(volumes or [])],
+        "securityContext": _pod_restricted(),
         "automountServiceAccountToken": service_account is not None,
         "enableServiceLinks": False,
         **extra,
@@ -316,6 +326,11 @@ def _daemon_security() -> dict[str, Any]:
             "readOnlyRootFilesystem": True, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
+def _daemon_pod_security() -> dict[str, Any]:
+    """An MPS daemon pod's: its container runs as root (:func:`_daemon_security`), so only seccomp."""
+    return {"seccompProfile": {"type": "RuntimeDefault"}}
+
+
 def _daemon_probes() -> dict[str, Any]:
     """An MPS daemon container's probes; readiness and liveness differ on purpose.
 
@@ -347,7 +362,8 @@ def _mps_daemon(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = No
     extra: dict[str, Any] = {"priorityClassName": priority_class} if priority_class else {}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
             "spec": _pod_spec(spec, [c], volumes=[vol], gpu_placement=True, hostIPC=True,
-                              restartPolicy="Always", terminationGracePeriodSeconds=30, **extra)}
+                              securityContext=_daemon_pod_security(), restartPolicy="Always",
+                              terminationGracePeriodSeconds=30, **extra)}
 
 
 def _tracker_addr(job: JobRef) -> str:
@@ -592,6 +608,51 @@ def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, sha
     return with_default_requests(_without_gpus([merge]) if spec.target != "cuda" else [merge], requests)[0]
 
 
+# ---- S3 clean-up (spec.output.s3.cleanupOnDelete) -------------------------------------------------
+S3_CLEANUP_DEADLINE_S = 600  # the Job's activeDeadlineSeconds: scheduling, pulling and deleting
+S3_CLEANUP_BACKOFF_LIMIT = 2  # pod retries; the S3 client retries each call itself
+S3_CLEANUP_TTL_S = 3600  # a Job left without an owner (a foreground deletion) goes after this
+JOB_UID_ANNOTATION = "sharetune.io/job-uid"  # the TuningJob a clean-up Job belongs to
+
+
+def plan_s3_cleanup(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE,
+                    requests: Mapping[str, Mapping[str, str]] | None = None, owned: bool = True) -> dict[str, Any]:
+    """The Job that deletes the job's objects from its bucket when the TuningJob is deleted
+    (``spec.output.s3.cleanupOnDelete``): ``sharetune-tuner s3-cleanup`` over every key under
+    ``[<prefix>/]<namespace>/<job>/``, in the job's namespace, with the job's own credentials as
+    env from ``secretKeyRef`` (the kubelet reads the Secret; the operator never does) and from the
+    job's network position.
+
+    ``image`` is the chart's tuner image, never the job's ``spec.image``: the command must be the
+    operator's own version, and the pod holds the bucket's credentials. No GPU, no API token
+    (it talks only to S3), non-root and read-only like every job pod; the job's labels, so the
+    job's NetworkPolicy and selectors treat it as one of its pods. Bounded: a few retries, an
+    active deadline, and a TTL. ``owned``: owner-referenced to the TuningJob (which the clean-up
+    finalizer keeps until the Job has finished, so garbage collection removes it only after);
+    False for a foreground deletion, which would delete the Job before it ran: the TTL removes it."""
+    s3 = spec.output.s3
+    if s3 is None:
+        raise ValueError("a job without spec.output.s3 has nothing in a bucket to clean up")
+    n = ChildNames(job.name)
+    args = commands.s3_cleanup(s3.bucket, _s3_job_prefix(s3.prefix, job.namespace, job.name))
+    c = _container(spec, image, "s3-cleanup", args, env=[*_store_env(spec), dict(NO_GPU)],
+                   probe=False)
+    c["env"] = [e for e in c["env"] if e["name"] not in NO_MULTICAST]  # no CUDA in this pod
+    del c["ports"]  # it runs for seconds: nothing to scrape
+    c["terminationMessagePolicy"] = "FallbackToLogsOnError"  # its error line, for the operator's Event
+    pod = _pod_spec(spec, [c], restartPolicy="Never")
+    meta = _meta(job, n.s3_cleanup, "s3-cleanup")
+    meta["annotations"] = {JOB_UID_ANNOTATION: job.uid}
+    if not owned:
+        del meta["ownerReferences"]
+    cleanup = {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta,
+               "spec": {"backoffLimit": S3_CLEANUP_BACKOFF_LIMIT, "activeDeadlineSeconds": S3_CLEANUP_DEADLINE_S,
+                        "ttlSecondsAfterFinished": S3_CLEANUP_TTL_S,
+                        "podFailurePolicy": _fail_fast("s3-cleanup", "FailJob"),
+                        "template": {"metadata": {"labels": labels(job.name, "s3-cleanup")}, "spec": pod}}}
+    return with_default_requests([cleanup], requests)[0]
+
+
 # ---- GPU pools (mode pool; docs/gpu-pools.md) -----------------------------------------------------
 def pool_labels(node: str, index: int) -> dict[str, str]:
     return {"app.kubernetes.io/name": "sharetune", "app.kubernetes.io/component": "gpu-pool",
@@ -628,6 +689,7 @@ def plan_pool(node: str, index: int, namespace: str, image: str = DEFAULT_IMAGE,
         "volumes": [{"name": "scratch", "emptyDir": {}},
                     {"name": "mps", "hostPath": {"path": pool_host_dir(namespace, index), "type": "DirectoryOrCreate"}}],
         "nodeSelector": {"kubernetes.io/hostname": node}, "hostIPC": True, "restartPolicy": "Always",
+        "securityContext": _daemon_pod_security(),
         "automountServiceAccountToken": False, "enableServiceLinks": False, "terminationGracePeriodSeconds": 30,
     }
     if tolerations:

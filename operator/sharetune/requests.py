@@ -24,6 +24,7 @@ DEFAULT_REQUESTS: dict[str, dict[str, str]] = {
     "client": {"cpu": "100m", "memory": "512Mi"},
     "builder": {"cpu": "100m", "memory": "512Mi"},
     "merge": {"cpu": "100m", "memory": "512Mi"},
+    "s3-cleanup": {"cpu": "50m", "memory": "128Mi"},  # lists and deletes a deleted job's S3 objects
 }
 
 

@@ -533,3 +533,62 @@ def test_servers_under_a_daemon_of_ours_never_run_outside_mps() -> None:
     assert not requires({**gpu, "gpuSharing": {"mode": "devicePlugin"}}, Sharing("devicePlugin"))  # the plugin's
     assert not requires({**gpu, "gpuSharing": {"mps": False}})  # no MPS asked: each server owns a GPU
     assert not requires({"model": {"name": "tiny_cnn"}})
+
+
+def test_s3_cleanup_is_a_bounded_job_of_the_jobs_own_with_its_credentials_from_the_secret() -> None:
+    """cleanupOnDelete runs as a Job in the job's namespace: the operator never reads the Secret
+    (the kubelet resolves it into the pod's env) nor calls the job's endpoint itself."""
+    from sharetune.api.gpuenv import NO_MULTICAST
+    from sharetune.planner import DEFAULT_IMAGE, plan_s3_cleanup
+    from sharetune_tuner.cli import build_parser
+
+    user = {"model": {"name": "resnet18"}, "target": "cuda", "image": "registry.example/team/tuner:1",
+            "tolerations": [{"key": "gpu", "operator": "Exists"}], "nodeSelector": {"gpu": "h100"},
+            "output": {"s3": {"bucket": "bkt", "prefix": "runs/", "endpoint": "http://s3:9000", "region": "eu-1",
+                              "credentialsSecret": {"name": "creds", "accessKeyIdKey": "id"},
+                              "cleanupOnDelete": True}}}
+    s = parse_spec("tj", user)
+    job = plan_s3_cleanup(JOB, s, "chart/tuner:2")
+    m = job["metadata"]
+    assert (job["apiVersion"], job["kind"], m["name"], m["namespace"]) == ("batch/v1", "Job", "tj-s3-cleanup", "ns1")
+    assert m["ownerReferences"] == [{"apiVersion": "sharetune.io/v1alpha1", "kind": "TuningJob", "name": "tj",
+                                     "uid": "uid-1", "controller": True, "blockOwnerDeletion": True}]
+    assert m["annotations"] == {"sharetune.io/job-uid": "uid-1"}
+    # The job's labels on the Job and its pod: its NetworkPolicy and selectors count it as the job's.
+    for labels in (m["labels"], job["spec"]["template"]["metadata"]["labels"]):
+        assert labels["sharetune.io/job"] == "tj" and labels["app.kubernetes.io/managed-by"] == "sharetune"
+        assert labels["app.kubernetes.io/component"] == "s3-cleanup"
+    # Bounded: a few retries, a deadline, a TTL; a permanent user error is not retried.
+    spec = job["spec"]
+    assert 0 < spec["backoffLimit"] <= 3 and 0 < spec["activeDeadlineSeconds"] <= 900
+    assert spec["ttlSecondsAfterFinished"] > 0 and spec["podFailurePolicy"]["rules"][0]["action"] == "FailJob"
+    pod = pod_spec(job)
+    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in pod and pod["enableServiceLinks"] is False
+    assert pod["tolerations"] == user["tolerations"] and "nodeSelector" not in pod  # no GPU placement: a CPU pod
+    (c,) = pod["containers"]
+    assert c["image"] == "chart/tuner:2"  # the chart's image, never the job's spec.image
+    assert plan_s3_cleanup(JOB, s)["spec"]["template"]["spec"]["containers"][0]["image"] == DEFAULT_IMAGE
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] and sc["runAsUser"] == 1000 and not sc["allowPrivilegeEscalation"]
+    assert sc["readOnlyRootFilesystem"] and sc["capabilities"] == {"drop": ["ALL"]}
+    assert c["resources"] == {"requests": {"cpu": "50m", "memory": "128Mi"}} and "ports" not in c
+    env = {e["name"]: e for e in c["env"]}
+    assert env["AWS_ACCESS_KEY_ID"] == {"name": "AWS_ACCESS_KEY_ID",
+                                        "valueFrom": {"secretKeyRef": {"name": "creds", "key": "id"}}}
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"] == {
+        "secretKeyRef": {"name": "creds", "key": "AWS_SECRET_ACCESS_KEY"}}
+    assert "value" not in env["AWS_ACCESS_KEY_ID"] and "value" not in env["AWS_SECRET_ACCESS_KEY"]  # never inline
+    assert env["SHARETUNE_S3_ENDPOINT"]["value"] == "http://s3:9000" and env["AWS_DEFAULT_REGION"]["value"] == "eu-1"
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "void" and not set(NO_MULTICAST) & set(env)  # no CUDA here
+    # The tuner's own command, over the job's prefix (the tuner adds the slash: "a" never takes "ab").
+    a = build_parser().parse_args(c["args"])
+    assert (a.cmd, a.bucket, a.prefix) == ("s3-cleanup", "bkt", "runs/ns1/tj")
+    # Foreground deletion removes owned dependents first: then the Job is left to its TTL.
+    assert "ownerReferences" not in plan_s3_cleanup(JOB, s, owned=False)["metadata"]
+    # The longest job name the CRD admits (48) still gives a Job name within a label value's 63.
+    longest = JobRef("j" * 48, "ns1", "uid-1")
+    name = plan_s3_cleanup(longest, parse_spec("j" * 48, user))["metadata"]["name"]
+    assert name == "j" * 48 + "-s3-cleanup" and len(name) <= 63
+    with pytest.raises(ValueError, match="spec.output.s3"):
+        plan_s3_cleanup(JOB, parse_spec("tj", {"model": {"name": "tiny_cnn"}}))

@@ -1,7 +1,8 @@
 """The operator image's own install (``pip install /src[operator]`` in operator/Dockerfile, from
-the same files the Dockerfile copies) runs every module of the operator: the S3 cleanup handler
-once imported boto3, which only the tuner's extra had, so in a real operator pod it could not
-work while the dev install (everything) hid it. No developer tooling is installed with it."""
+the same files the Dockerfile copies) runs every module of the operator: a module that imports
+what only the tuner's extra has could not work in a real operator pod while the dev install
+(everything) hides it. No developer tooling is installed with it, and no S3 client: a job's S3
+clean-up runs in a Job of its own (sharetune.planner.plan_s3_cleanup)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ assert "sharetune.controller.cleanup" in mods, mods
 import importlib.util as u
 assert u.find_spec("sharetune_dev") is None, "developer tooling installed with the operator"
 assert u.find_spec("tvm") is None, "TVM installed with the operator"
+assert u.find_spec("boto3") is None, "an S3 client installed with the operator"
 print(len(mods), "modules")
 """
 

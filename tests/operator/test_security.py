@@ -1,7 +1,8 @@
 """Security as tests, on the real API server's authorizer (RBAC), not by reading YAML:
 
 - the operator's ServiceAccount (the chart's Role) can do exactly the API calls the operator
-  makes, listed below with the code that needs each, and nothing else;
+  makes, listed below with the code that needs each, and nothing else: it creates a job's build
+  key Secret but reads no Secret (a job's S3 credentials reach only its pods, through the kubelet);
 - a job's pods (their ServiceAccount) can update their own shard/result ConfigMaps and nothing
   else: no Secret, no other ConfigMap, nothing in another namespace.
 
@@ -32,13 +33,13 @@ OPERATOR_NEEDS: dict[tuple[str, str], set[str]] = {
     ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},  # MPS daemon/GPU pool pods; a pool's idle mark
     ("", "services"): {"get", "create"},  # tracker Service
     ("", "serviceaccounts"): {"get", "create"},  # the job pods' identity
-    ("", "secrets"): {"get", "create"},  # S3 cleanupOnDelete; a job's build key (spec.builders)
+    ("", "secrets"): {"create"},  # a job's build key (spec.builders); never read (S3 clean-up runs in a job's Job)
     ("autoscaling", "horizontalpodautoscalers"): {"create"},  # spec.builders.autoscale
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
     ("apps", "deployments"): {"get", "list", "create", "patch"},  # tracker/servers; restart after an MPS fault; a pool's servers
     ("apps", "deployments/scale"): {"patch"},  # live scaling
-    ("batch", "jobs"): {"get", "list", "watch", "create", "patch"},  # clients + merge; snapshot list; clamp
+    ("batch", "jobs"): {"get", "list", "watch", "create", "patch"},  # clients, merge, S3 clean-up; snapshot list; clamp
     ("rbac.authorization.k8s.io", "roles"): {"create"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"create"},
     ("networking.k8s.io", "networkpolicies"): {"create"},  # each job's NetworkPolicy
@@ -83,7 +84,8 @@ def test_operator_service_account_has_exactly_what_it_uses(k8s, cluster, ns) -> 
         res, _, sub = resource.partition("/")
         for verb in verbs:
             assert _can(k8s, user, ns, verb, res, group, subresource=sub or None), (verb, group, resource)
-    for verb, resource, group in [("list", "secrets", ""), ("watch", "secrets", ""), ("update", "secrets", ""),
+    for verb, resource, group in [("get", "secrets", ""), ("list", "secrets", ""), ("watch", "secrets", ""),
+                                  ("update", "secrets", ""),
                                   ("delete", "configmaps", ""), ("delete", "deployments", "apps"),
                                   ("create", "pods/exec", ""), ("update", "roles", "rbac.authorization.k8s.io"),
                                   ("bind", "roles", "rbac.authorization.k8s.io"),

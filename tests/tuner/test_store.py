@@ -230,3 +230,37 @@ def test_progress_goes_with_the_shard_and_to_the_sink(tmp_path: Path) -> None:
     ShardSync(alone, None, 0, work).fail("model broke")
     assert json.loads(alone.texts[("shard-0", "progress.json")]) == {"shard": 0, "done": 2, "state": "failed",
                                                                     "message": "model broke"}
+
+
+def test_s3_cleanup_deletes_every_object_of_the_job_and_nothing_else(s3_env, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`sharetune-tuner s3-cleanup` (what a TuningJob's clean-up Job runs): every key under the
+    job's prefix and a slash, so job "a" never takes job "ab"'s objects; exit codes on errors."""
+    import json
+
+    from sharetune.api.exitcodes import ExitCode
+    from sharetune_tuner.cli import main
+    from sharetune_tuner.store import s3_client
+
+    from ..helpers import DenyingS3
+
+    b = s3_client()
+    keys = ["runs/ns/a/shard-0.tar.gz", "runs/ns/a/shard-0/progress.json", "runs/ns/a/result.tar.gz",
+            "runs/ns/ab/shard-0.tar.gz", "runs/ns/a.tar.gz", "runs/other/a/shard-0.tar.gz"]
+    for k in keys:
+        b.put_object(Bucket="wipe", Key=k, Body=b"x")
+    assert main(["s3-cleanup", "--bucket", "wipe", "--prefix", "runs/ns/a"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"bucket": "wipe", "prefix": "runs/ns/a/", "deleted": 3}
+    left = sorted(o["Key"] for o in b.list_objects_v2(Bucket="wipe")["Contents"])
+    assert left == sorted(keys[3:])
+    assert main(["s3-cleanup", "--bucket", "wipe", "--prefix", "/runs/ns/a/"]) == 0  # again: nothing left, fine
+    assert json.loads(capsys.readouterr().out)["deleted"] == 0
+    # Never the whole bucket.
+    assert main(["s3-cleanup", "--bucket", "wipe", "--prefix", "/"]) == ExitCode.USAGE
+    assert "must be non-empty" in capsys.readouterr().err
+    # The store refuses (wrong credentials): the store's exit code and the server's words.
+    with DenyingS3() as denied:
+        monkeypatch.setenv("SHARETUNE_S3_ENDPOINT", denied.endpoint)
+        assert main(["s3-cleanup", "--bucket", "wipe", "--prefix", "runs/ns/ab"]) == ExitCode.STORE
+    err = capsys.readouterr().err
+    assert "cannot delete s3://wipe/runs/ns/ab/ (0 objects deleted)" in err and "AccessDenied" in err
+    assert "test-secret" not in err

@@ -6,6 +6,7 @@
   client       tunes one shard of the model's tasks (resumable)
   build-service  one builder pool for the clients of a host (local mode) or a job (builder pods)
   merge        merges shard databases, compiles, checks, measures, writes the summary
+  s3-cleanup   deletes a deleted job's objects from its bucket (spec.output.s3.cleanupOnDelete)
 
 Each serves /metrics and /healthz on --metrics-port (0 = any free port, -1 = off; the MPS daemon
 also /livez: see sharetune_tuner.mps) and stops cleanly on SIGTERM. User errors print one line
@@ -141,6 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "ConfigMap (when --store is s3)")
     g.add_argument("--out", type=Path, required=True, help="output directory (records + summary.json)")
     _common(g)
+
+    d = sub.add_parser("s3-cleanup", help="delete a job's objects from its S3 bucket (credentials and endpoint "
+                       "from the environment, as the store's)")
+    d.add_argument("--bucket", required=True)
+    d.add_argument("--prefix", required=True, help="the job's prefix, [<prefix>/]<namespace>/<job>: every key "
+                   "under <prefix>/ is deleted")
+    _common(d)
     return p
 
 
@@ -215,6 +223,12 @@ def run(a: argparse.Namespace) -> int:
         return _client(a)
     if a.cmd == "merge":
         return _merge(a)
+    if a.cmd == "s3-cleanup":
+        from .store import delete_s3_prefix
+
+        prefix, deleted = delete_s3_prefix(a.bucket, a.prefix)
+        print(json.dumps({"bucket": a.bucket, "prefix": prefix, "deleted": deleted}))
+        return 0
     raise AssertionError(a.cmd)
 
 

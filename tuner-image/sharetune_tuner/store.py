@@ -176,17 +176,51 @@ class ConfigMapStore:
         return base64.b64decode(blob) if blob else None
 
 
+def s3_client():  # type: ignore[no-untyped-def]
+    """An S3 client from the environment: credentials and region as boto3 reads them
+    (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION), the endpoint from
+    SHARETUNE_S3_ENDPOINT (an S3-compatible store; unset: AWS)."""
+    import boto3
+    from botocore.config import Config
+
+    # Retries with backoff: an S3 server that is away for a minute must not lose records.
+    return boto3.client("s3", endpoint_url=os.environ.get("SHARETUNE_S3_ENDPOINT") or None,
+                        config=Config(retries={"max_attempts": 10, "mode": "standard"},
+                                      connect_timeout=5, read_timeout=30))
+
+
+def delete_s3_prefix(bucket: str, job_prefix: str) -> tuple[str, int]:
+    """Deletes every object of ``bucket`` under ``<job_prefix>/`` (a job's objects; the slash keeps
+    job "a" from taking the objects of job "ab"): (the prefix deleted, how many objects). A bucket
+    that does not exist holds nothing to delete."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    job_prefix = job_prefix.strip("/")
+    if not bucket or not job_prefix:
+        # An empty prefix would be the whole bucket: never what a job's clean-up means.
+        raise TunerError(f"--bucket {bucket!r} --prefix {job_prefix!r}: both must be non-empty")
+    prefix = job_prefix + "/"
+    s3 = s3_client()
+    deleted = 0
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                s3.delete_object(Bucket=bucket, Key=obj["Key"])
+                deleted += 1
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") == "NoSuchBucket":
+            return prefix, deleted
+        raise StoreError(f"cannot delete s3://{bucket}/{prefix} ({deleted} objects deleted): {e}") from None
+    except BotoCoreError as e:
+        raise StoreError(f"cannot delete s3://{bucket}/{prefix} ({deleted} objects deleted): {e}") from None
+    return prefix, deleted
+
+
 class S3Store:
     def __init__(self, bucket: str, prefix: str) -> None:
-        import boto3
-        from botocore.config import Config
-
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}"
-        # Retries with backoff: an S3 server that is away for a minute must not lose records.
-        self.s3 = boto3.client("s3", endpoint_url=os.environ.get("SHARETUNE_S3_ENDPOINT") or None,
-                               config=Config(retries={"max_attempts": 10, "mode": "standard"},
-                                             connect_timeout=5, read_timeout=30))
+        self.s3 = s3_client()
 
     def key(self, name: str) -> str:
         return s3_object_key(self.prefix, name)

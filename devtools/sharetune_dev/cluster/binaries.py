@@ -9,7 +9,10 @@ tiny wrapper module:
   replaces each staging module (``k8s.io/api`` ...) by its published ``v0.<minor>.<patch>``.
 * etcd: ``go.etcd.io/etcd/server/v3`` has replace directives too; the wrapper's own ``main``
   calls ``etcdmain.Main``.
-* kwok, helm, CoreDNS, crictl and kube-router install cleanly with ``go install``.
+* kwok, helm, CoreDNS, crictl, kube-router and kube-score install cleanly with ``go install``.
+* checkov (a Python linter, not Go) is pip-installed at a pinned version into a virtualenv of its
+  own next to its entry point, never into the product's .venv (its dependencies pin versions of
+  boto3, pyyaml ... that the product need not share).
 
 Binaries land in ``$XDG_CACHE_HOME/sharetune/bin/<component>-<version>/`` so a second run is a
 cache hit costing nothing, and a version bump builds into a fresh directory.
@@ -45,6 +48,11 @@ PAUSE_VERSION = "3.10-sharetune"
 # chart, the images or anything installed on a cluster; it only proves on the throwaway real node
 # that the policies the operator creates are enforced by a real implementation.
 KUBE_ROUTER_VERSION = "2.1.0"
+# Static linters of the chart's and the planner's objects (tests/helm/test_linters.py,
+# docs/security.md "Accepted findings"); never installed on a cluster. From empty Go and pip caches
+# on 2 cores: kube-score ~40 s (go install), checkov ~35-60 s (pip, ~180 MB).
+KUBE_SCORE_VERSION = "1.20.0"
+CHECKOV_VERSION = "3.3.30"
 
 # The staging modules k8s.io/kubernetes v1.35 replaces with ./staging/src/k8s.io/<name>.
 K8S_STAGING_MODULES = (
@@ -62,7 +70,7 @@ K8S_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "
 K8S_NODE_COMMANDS = ("kubelet", "kube-proxy")
 
 CONTROL_PLANE_BINARIES = ("etcd", *K8S_COMMANDS, "kwok", "helm")
-TEST_BINARIES = ("s3-server",)
+TEST_BINARIES = ("s3-server", "kube-score", "checkov")
 NODE_BINARIES = (*K8S_NODE_COMMANDS, "coredns", "crictl", "pause", "kube-router")
 ALL_BINARIES = (*CONTROL_PLANE_BINARIES, *TEST_BINARIES)
 
@@ -87,7 +95,7 @@ def binary(name: str) -> Binary:
         return Binary(name, K8S_VERSION)
     versions = {"etcd": ETCD_VERSION, "kwok": KWOK_VERSION, "helm": HELM_VERSION, "s3-server": S3_SERVER_VERSION,
                 "coredns": COREDNS_VERSION, "crictl": CRICTL_VERSION, "pause": PAUSE_VERSION,
-                "kube-router": KUBE_ROUTER_VERSION}
+                "kube-router": KUBE_ROUTER_VERSION, "kube-score": KUBE_SCORE_VERSION, "checkov": CHECKOV_VERSION}
     if name not in versions:
         raise KeyError(f"unknown binary {name!r}")
     return Binary(name, versions[name])
@@ -223,6 +231,23 @@ def _install(dest: Path, built: Path) -> None:
     tmp.replace(dest)  # atomic: a half-copied binary is never mistaken for a cache hit
 
 
+def _install_checkov() -> None:
+    """checkov in a virtualenv of its own, ``<cache>/bin/checkov-<version>/venv``; the entry point
+    (a symlink into it) is made last, so a half-done install is never a cache hit."""
+    dest = path_of("checkov")
+    venv = dest.parent / "venv"
+    shutil.rmtree(venv, ignore_errors=True)  # a venv is not relocatable: build it in place
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    _run([sys.executable, "-m", "venv", str(venv)], dest.parent, env)
+    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--progress-bar", "off",
+          f"checkov=={CHECKOV_VERSION}"], dest.parent, env)
+    tmp = dest.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(venv / "bin" / "checkov")
+    tmp.replace(dest)
+
+
 def build(names: list[str]) -> dict[str, float]:
     """Builds the missing binaries among ``names``; returns seconds spent per binary (0 = cached)."""
     env = _go_env()
@@ -255,6 +280,10 @@ def build(names: list[str]) -> dict[str, float]:
             _run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(wd / n), "."], wd, env)
             _install(path_of(n), wd / n)
             spent[n] = time.monotonic() - t0
+    if "checkov" in names and not path_of("checkov").exists():
+        t0 = time.monotonic()
+        _install_checkov()
+        spent["checkov"] = time.monotonic() - t0
     simple = {
         "kwok": f"sigs.k8s.io/kwok/cmd/kwok@v{KWOK_VERSION}",
         "helm": f"helm.sh/helm/v3/cmd/helm@v{HELM_VERSION}",
@@ -262,6 +291,7 @@ def build(names: list[str]) -> dict[str, float]:
         "crictl": f"sigs.k8s.io/cri-tools/cmd/crictl@v{CRICTL_VERSION}",
         # Test fixture only (see KUBE_ROUTER_VERSION). ~3 min on 2 cores.
         "kube-router": f"github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@v{KUBE_ROUTER_VERSION}",
+        "kube-score": f"github.com/zegl/kube-score/cmd/kube-score@v{KUBE_SCORE_VERSION}",
     }
     for n, pkg in simple.items():
         if n in names and not path_of(n).exists():

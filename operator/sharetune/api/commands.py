@@ -81,3 +81,9 @@ def merge(job_manifest: str, out: str, *, store: str | None = None, shards: int 
             *[a for d in shard_dirs or [] for a in ("--shard-dir", d)], "--out", out,
             *_opt("--result-configmap", result_configmap), *_opt("--progress", progress),
             *_opt("--metrics-port", metrics_port)]
+
+
+def s3_cleanup(bucket: str, job_prefix: str) -> list[str]:
+    """Deletes a job's objects from its bucket: every key under ``<job_prefix>/`` (the tuner adds
+    the slash, so job "a" never takes the objects of job "ab")."""
+    return ["s3-cleanup", "--bucket", bucket, "--prefix", job_prefix]

@@ -139,6 +139,13 @@ class ChildNames:
         """The Secret with the job's build key (clients and builders authenticate with it)."""
         return f"{self.job}-build-key"
 
+    @property
+    def s3_cleanup(self) -> str:
+        """The Job that deletes the job's S3 objects when the TuningJob is deleted
+        (``spec.output.s3.cleanupOnDelete``). Job names are at most 48 characters (the CRD), so
+        this one stays within the 63 of a label value (the Job's pods carry it)."""
+        return f"{self.job}-s3-cleanup"
+
     def result(self, spec: TuningJobSpec) -> str:
         return object_configmap(self.job, RESULT_OBJECT, spec.output.config_map)
 

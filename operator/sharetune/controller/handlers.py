@@ -1,6 +1,6 @@
 """The kopf registration: a thin shell. Each handler takes what kopf hands it and calls the
 plain functions of ``reconcile.py`` (cluster reads in ``observe.py``, Events and phases in
-``events.py``, S3 cleanup in ``cleanup.py``) with the operator's :class:`Context`, which the
+``events.py``, the S3 clean-up Job in ``cleanup.py``) with the operator's :class:`Context`, which the
 start-up handler builds once and keeps in kopf's memo: nothing here is a mutable global.
 
 Run by ``sharetune operator`` (``main.py``, which passes the watched namespaces in the memo) or
@@ -15,7 +15,8 @@ from typing import Any
 
 import kopf
 
-from ..api.spec import API_GROUP, API_VERSION, PLURAL, parse_spec
+from ..api.spec import API_GROUP, API_VERSION, PLURAL
+from ..planner import JobRef
 from . import cleanup, metrics, reconcile
 from .context import MEMO_KEY, Context, load_api, of
 
@@ -50,6 +51,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # Handlers are sync and spend their time waiting on the API server: more threads than the
     # asyncio default (min(32, cpus + 4) = 6 on 2 cores) lets a burst of jobs proceed together.
     settings.execution.max_workers = 24
+    # Waiting for a job's S3 clean-up Job is a TemporaryError per look: logged, not an Event.
+    logging.getLogger("kopf.objects").addFilter(cleanup.QUIET_WAITING)
     # Start-up handlers run before any object is watched, so every object's memo copies this.
     memo[MEMO_KEY] = Context.from_env(tuple(memo.get(NAMESPACES_KEY) or ()))
 
@@ -104,9 +107,10 @@ def _cleanup_requested(spec: Any, **_: Any) -> bool:
 
 
 @kopf.on.delete(API_GROUP, API_VERSION, PLURAL, when=_cleanup_requested)
-def cleanup_s3(name: str, namespace: str, spec: Any, memo: kopf.Memo, **_: Any) -> None:
+def cleanup_s3(body: Any, name: str, namespace: str, uid: str, meta: Any, runtime: Any, memo: kopf.Memo,
+               **_: Any) -> None:
     """Only jobs that asked for it get a finalizer (kopf adds one for matching delete handlers):
-    their objects in the bucket go with them. Children go by garbage collection either way."""
-    s3 = parse_spec(name, dict(spec)).output.s3
-    assert s3 is not None  # _cleanup_requested
-    cleanup.delete_s3_objects(of(memo).api, namespace, name, s3)
+    a Job in their namespace deletes their objects from the bucket, and the finalizer goes when
+    it has finished (or failed: then with a Warning). Children go by garbage collection."""
+    cleanup.clean_up(of(memo), body, JobRef(name, namespace, uid), list(meta.get("finalizers") or []),
+                     runtime.total_seconds())

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.spec import TuningJobSpec
 from ..api.topology import PROGRESS_FILE, SUMMARY_FILE, ChildNames
 from ..planner import JobRef, daemon_names
-from . import kube
 from .context import Context
 from .status import DaemonView, Observed, ShardView, count_indexes, shard_clamp, started
 
@@ -57,20 +57,27 @@ def unschedulable(pod: Any) -> str | None:
     return None
 
 
-def secret_problem(ctx: Context, namespace: str, s: TuningJobSpec) -> str | None:
-    """The S3 Secret the pods' env refers to: missing (or a key missing) means pods that never
-    start (CreateContainerConfigError), so the job says so while it waits for it."""
+def secret_problem(pods: list[Any], namespace: str, s: TuningJobSpec) -> str | None:
+    """The S3 Secret the pods' env refers to, as the kubelet reports it on the job's pods that
+    cannot start (``CreateContainerConfigError``): missing, or a key missing. The operator never
+    reads Secrets; the kubelet, which resolves the pods' ``secretKeyRef``, says what it lacks."""
     s3 = s.output.s3
     if s3 is None:
         return None
-    sec = kube.read_or_none(ctx.core.read_namespaced_secret, s3.secret_name, namespace)
-    if sec is None:
-        return (f"Secret {s3.secret_name} (spec.output.s3.credentialsSecret.name) does not exist in {namespace}; "
-                f"create it: kubectl create secret generic {s3.secret_name} -n {namespace} "
-                f"--from-literal={s3.access_key_id_key}=... --from-literal={s3.secret_access_key_key}=...")
-    missing = [k for k in (s3.access_key_id_key, s3.secret_access_key_key) if k not in (sec.data or {})]
-    if missing:
-        return f"Secret {s3.secret_name} has no key(s) {', '.join(missing)}"
+    for pod in pods:
+        for cs in (pod.status.container_statuses or []) if pod.status else []:
+            waiting = cs.state.waiting if cs.state else None
+            if waiting is None or waiting.reason != "CreateContainerConfigError" or not waiting.message:
+                continue
+            said = str(waiting.message)
+            if f'"{s3.secret_name}" not found' in said:
+                return (f"Secret {s3.secret_name} (spec.output.s3.credentialsSecret.name) does not exist in "
+                        f"{namespace}; create it: kubectl create secret generic {s3.secret_name} -n {namespace} "
+                        f"--from-literal={s3.access_key_id_key}=... --from-literal={s3.secret_access_key_key}=...")
+            key = re.search(rf"couldn't find key (\S+) in Secret {re.escape(namespace)}/{re.escape(s3.secret_name)}\b",
+                            said)
+            if key:
+                return f"Secret {s3.secret_name} has no key {key.group(1)}"
     return None
 
 
@@ -117,12 +124,13 @@ def observe(ctx: Context, job: JobRef, s: TuningJobSpec, snap: Snapshot) -> Obse
             ended = phase in ("Failed", "Succeeded") or pod.metadata.deletion_timestamp is not None
             view.state = "failed" if ended else ("running" if phase == "Running" else "pending")
             view.restarts = sum(c.restart_count or 0 for c in (pod.status.container_statuses or []))
-    for (pns, _), pod in snap.pending_pods.items():
-        if pns == ns and (pod.metadata.labels or {}).get("sharetune.io/job") == job.name:
-            why = unschedulable(pod)
-            if why:
-                obs.unschedulable = f"{pod.metadata.labels.get('app.kubernetes.io/component', 'pod')}: {why}"
-                break
-    if s.output.s3 is not None and not started(shards):
-        obs.secret_problem = secret_problem(ctx, ns, s)
+    pending = [pod for (pns, _), pod in snap.pending_pods.items()
+               if pns == ns and (pod.metadata.labels or {}).get("sharetune.io/job") == job.name]
+    for pod in pending:
+        why = unschedulable(pod)
+        if why:
+            obs.unschedulable = f"{pod.metadata.labels.get('app.kubernetes.io/component', 'pod')}: {why}"
+            break
+    if not started(shards):
+        obs.secret_problem = secret_problem(pending, ns, s)
     return obs
