@@ -223,3 +223,29 @@ def test_a_live_jobs_spec_is_parsed_once_per_generation(monkeypatch: pytest.Monk
             spec_mod.spec_of(bad)
     assert calls == ["j", "j", "b"]
     assert spec_mod.spec_of({"metadata": {"name": "f"}, "spec": {"model": {"name": "tiny_cnn"}}}).model.name == "tiny_cnn"
+
+
+@pytest.mark.parametrize("image, allowed, ok", [
+    ("registry.example.com/ml/tuner:1", ("registry.example.com/ml/",), True),
+    ("registry.example.com/ml/tuner@sha256:" + "a" * 64, ("registry.example.com/ml/tuner",), True),
+    ("reg:5000/ml/tuner:2", ("reg:5000/ml",), True),
+    ("registry.example.com/mlevil/tuner:1", ("registry.example.com/ml",), False),  # a prefix ends at a '/'
+    ("docker.io/library/python:3", ("registry.example.com/ml/",), False),
+    ("anything:1", (), True),  # no list: any image
+    (None, ("registry.example.com/ml/",), True),  # no spec.image: the operator's own
+])
+def test_spec_image_must_come_from_the_charts_allowed_repositories(image, allowed, ok) -> None:  # type: ignore[no-untyped-def]
+    from sharetune.api.spec import check_image_allowed
+
+    if ok:
+        check_image_allowed(image, allowed)
+    else:
+        with pytest.raises(SpecError, match=r"^spec.image: .* is not from an allowed repository .*allowedImages"):
+            check_image_allowed(image, allowed)
+
+
+def test_the_operator_reads_the_allowed_repositories_from_its_environment() -> None:
+    from sharetune.controller.context import allowed_images
+
+    assert allowed_images({"SHARETUNE_ALLOWED_IMAGES": "a.io/x/, b.io/y"}) == ("a.io/x/", "b.io/y")
+    assert allowed_images({"SHARETUNE_ALLOWED_IMAGES": ""}) == allowed_images({}) == ()

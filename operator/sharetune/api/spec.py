@@ -66,6 +66,27 @@ FIELDS: dict[str, frozenset[str]] = {k: frozenset(v.split()) for k, v in {
 }.items()}
 
 
+def image_repository(image: str) -> str:
+    """An image reference without its digest and tag: ``reg:5000/team/tuner:1@sha256:..`` ->
+    ``reg:5000/team/tuner`` (a ':' after the last '/' starts the tag; one before it is a port)."""
+    ref = image.split("@", 1)[0]
+    head, _, last = ref.rpartition("/")
+    return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
+
+
+def check_image_allowed(image: str | None, allowed: tuple[str, ...]) -> None:
+    """``spec.image`` against the chart's ``allowedImages`` (repositories, or prefixes of them
+    ending at a '/'): a job may run only images from those. No list, or no ``spec.image`` (the
+    chart's tuner image): nothing to check."""
+    if image is None or not allowed:
+        return
+    repo = image_repository(image)
+    if any(repo == a.rstrip("/") or repo.startswith(a.rstrip("/") + "/") for a in allowed):
+        return
+    raise SpecError(f"spec.image: {image!r} is not from an allowed repository ({', '.join(allowed)}: the chart's "
+                    "allowedImages); use an image from one of them, or leave spec.image out for the operator's image")
+
+
 class SpecError(ValueError):
     """A TuningJob spec that cannot run; the message names the field and what is wrong."""
 

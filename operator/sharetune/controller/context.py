@@ -19,6 +19,12 @@ from .metrics import JobPhases
 MEMO_KEY = "sharetune"
 # The chart's mpsDaemonPriorityClass, resolved to a name ("" = none): the MPS daemons' priority.
 DAEMON_PRIORITY_ENV = "SHARETUNE_MPS_DAEMON_PRIORITY_CLASS"
+# The chart's allowedImages, comma-separated ("" = any image): the repositories spec.image may name.
+ALLOWED_IMAGES_ENV = "SHARETUNE_ALLOWED_IMAGES"
+
+
+def allowed_images(env: Mapping[str, str]) -> tuple[str, ...]:
+    return tuple(a.strip() for a in env.get(ALLOWED_IMAGES_ENV, "").split(",") if a.strip())
 
 
 def load_api() -> client.ApiClient:
@@ -43,6 +49,7 @@ class Context:
     requests: Mapping[str, Mapping[str, str]] = field(  # the chart's defaultRequests values
         default_factory=lambda: pod_requests.from_env({}))
     daemon_priority_class: str | None = None  # the MPS daemons' PriorityClass (None: none)
+    allowed_images: tuple[str, ...] = ()  # repositories spec.image may name (empty: any)
 
     @classmethod
     def from_env(cls, namespaces: tuple[str, ...] = ()) -> "Context":
@@ -52,7 +59,8 @@ class Context:
                    # A bad setting stops the operator at start, naming the variable and chart value.
                    sharing=SharingConfig.from_env(), network=NetworkConfig.from_env(os.environ),
                    requests=pod_requests.from_env(os.environ),
-                   daemon_priority_class=os.environ.get(DAEMON_PRIORITY_ENV, "").strip() or None)
+                   daemon_priority_class=os.environ.get(DAEMON_PRIORITY_ENV, "").strip() or None,
+                   allowed_images=allowed_images(os.environ))
 
     @property
     def core(self) -> client.CoreV1Api:

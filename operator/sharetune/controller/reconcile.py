@@ -19,7 +19,7 @@ from typing import Any
 import kopf
 from kubernetes import client
 
-from ..api.spec import API_GROUP, API_VERSION, PLURAL, SpecError, TuningJobSpec, check_runs_on_cluster, spec_of
+from ..api.spec import API_GROUP, API_VERSION, PLURAL, SpecError, TuningJobSpec, check_image_allowed, check_runs_on_cluster, spec_of
 from ..api.topology import ChildNames
 from ..planner import JobRef, daemon_names, plan, plan_merge, result_location, servers_scale
 from ..admission import placement_of
@@ -39,6 +39,7 @@ def _spec_or_fail(ctx: Context, name: str, spec: Any, body: Any, patch: kopf.Pat
     try:
         s = spec_of(body)
         check_runs_on_cluster(s)  # spec.model.onnx.path: a file on a laptop, not in a pod
+        check_image_allowed(s.raw.get("image"), ctx.allowed_images)
         return s
     except SpecError as e:
         metrics.ERRORS.labels("create", "InvalidSpec").inc()
