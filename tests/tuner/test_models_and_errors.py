@@ -98,7 +98,7 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
 
 def test_cli_errors_have_messages_and_exit_codes(tmp_path: Path) -> None:
     r = run_cli("client", "--job", str(example_job(tmp_path, model={"name": "nope"})), "--work-dir", str(tmp_path / "w"))
-    assert r.returncode == 3 and "unknown built-in model 'nope'" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "unknown built-in model 'nope'" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("client", "--job", str(example_job(tmp_path, target="tpu")), "--work-dir", str(tmp_path / "w"))
     assert r.returncode == 2 and "spec.target: 'tpu' is not one of llvm, cuda" in r.stderr
     bad = tmp_path / "bad.onnx"

@@ -326,8 +326,10 @@ def parse_spec(name: str, spec: dict[str, Any]) -> TuningJobSpec:
     if (model_name is None) == (onnx_d is None):
         raise SpecError("spec.model: set exactly one of `name` (built-in model) or `onnx` (a user model)")
     if model_name is not None and model_name not in BUILTIN_MODELS:
-        raise SpecError(f"spec.model.name: {model_name!r} is not a built-in model ({', '.join(BUILTIN_MODELS)}); "
-                        "for another model use spec.model.onnx")
+        near = difflib.get_close_matches(model_name, sorted(BUILTIN_MODELS), n=1, cutoff=0.5)
+        raise SpecError(f"spec.model.name: unknown built-in model {model_name!r}; choose one of "
+                        f"{', '.join(sorted(BUILTIN_MODELS))}" + (f" (did you mean {near[0]}?)" if near else "")
+                        + ", or set spec.model.onnx for your own model")
     pull = _get(spec, "imagePullPolicy", str, "IfNotPresent", "spec")
     if pull not in PULL_POLICIES:
         raise SpecError(f"spec.imagePullPolicy: {pull!r} is not one of {', '.join(PULL_POLICIES)}")
