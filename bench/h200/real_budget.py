@@ -189,7 +189,7 @@ def tune(a: argparse.Namespace) -> int:
     wd.mkdir(parents=True)
     ca = _cell_args(a, aid)
     log(f"{aid}: {a.arm} {a.network}, whole model, {a.total} trials, window {a.window_s:.0f} s")
-    profiler = _profile_later(aid, a.profile_at_s, a.profile_s) if a.profile_s else None
+    profiler = _profile_later(aid, a.profile_at_s, a.profile_s, a.profile_native) if a.profile_s else None
     try:
         if a.arm == "sharetune":
             r = tune_cell.run_sharetune(ca, wd)
@@ -240,6 +240,7 @@ def tune(a: argparse.Namespace) -> int:
     if profiler is not None:
         profiler.join(timeout=a.profile_s + 30)
         cell["profiles"] = sorted(p.name for p in out_dir().glob(f"{aid}-pyspy-*.txt"))
+        cell["profile"] = {"at_s": a.profile_at_s, "for_s": a.profile_s, "native": a.profile_native}
     size = _pack(wd, rel, cell, out_dir() / cell["tar"])
     shutil.copy2(out_dir() / cell["tar"], wd / cell["tar"])  # a warm machine's evaluate finds it here too
     cell["tar_bytes"] = size
@@ -250,11 +251,13 @@ def tune(a: argparse.Namespace) -> int:
     return 0
 
 
-def _profile_later(aid: str, at_s: float, for_s: float) -> threading.Thread:
+def _profile_later(aid: str, at_s: float, for_s: float, native: bool = False) -> threading.Thread:
     """py-spy (sampling without stopping the process, ``--nonblocking``: Python frames only) on
     one client and on the build service (or the stock client) from ``at_s`` into the window for
     ``for_s`` seconds: collapsed stacks in ``$OUT/<arm id>-pyspy-<role>.txt``, where the CPU of a
-    trial goes. py-spy comes from the device carry (.device/py-spy, a pip wheel)."""
+    trial goes. py-spy comes from the device carry (.device/py-spy, a pip wheel). ``native``: C++
+    frames too (TVM's passes, NVRTC), at 20 Hz; py-spy then pauses the process for each sample
+    (native unwinding cannot run beside it), so the profiled processes lose a little time."""
     from common import process_role
 
     def run() -> None:
@@ -274,8 +277,9 @@ def _profile_later(aid: str, at_s: float, for_s: float) -> threading.Thread:
                 continue
             if roles[p.pid] in ("client", "build") and roles.get(p.ppid()) != roles[p.pid]:
                 chosen.setdefault(roles[p.pid], p.pid)
-        procs = [subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(int(for_s)), "--rate", "50",
-                                   "--nonblocking", "--subprocesses", "--format", "raw",
+        procs = [subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(int(for_s)),
+                                   *(["--rate", "20", "--native"] if native else ["--rate", "50", "--nonblocking"]),
+                                   "--subprocesses", "--format", "raw",
                                    "--output", str(out_dir() / f"{aid}-pyspy-{role}.txt")],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
                  for role, pid in chosen.items()]
@@ -810,6 +814,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--profile-s", type=float, default=0.0, help="py-spy one client and the build service for "
                                                                  "this long (0: no profile)")
     t.add_argument("--profile-at-s", type=float, default=90.0, help="when the profile starts, into the window")
+    t.add_argument("--profile-native", action="store_true", help="C++ frames too (py-spy --native; pauses the "
+                                                                  "profiled processes for each sample)")
     e = sub.add_parser("evaluate", help="latency curves of every arm of one (network, seed), on the GPU")
     c = sub.add_parser("compile", help="evaluate's compiling only, on any machine (CUDA: NVRTC, no GPU), "
                                        "packed for evaluate on the GPU machine")

@@ -178,6 +178,21 @@ def test_failed_shard_is_retried_then_the_job_fails_with_a_reason(k8s, operator,
     assert any(e.reason == "ShardFailed" and e.type == "Warning" for e in events)
 
 
+def test_a_finished_job_is_deleted_after_its_ttl(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]
+    create_job(k8s, ns, tuning_job("brief", clients={"shards": 1, "backoffLimitPerIndex": 0},
+                                   ttlSecondsAfterFinished=0))
+    pod = wait_for("its pod", lambda: next(iter(running_pods(k8s, ns, "job-name=brief-clients")), None))
+    finish_pod(k8s, ns, pod.metadata.name, 1)
+
+    def gone() -> bool:
+        try:
+            get_job(k8s, ns, "brief")
+        except ApiException as e:
+            return e.status == 404
+        return False
+    wait_for("deleted after ttl 0", gone, 90)
+
+
 def test_delete_garbage_collects_children(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]
     create_job(k8s, ns, tuning_job("gone"))
     wait_for("children", lambda: children(k8s, ns, "gone")["Job"])

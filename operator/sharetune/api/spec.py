@@ -228,6 +228,14 @@ def _int_in(d: dict[str, Any], key: str, default: int, lo: int, hi: int, where: 
     return int(v)
 
 
+def ttl_of(spec: dict[str, Any]) -> int | None:
+    """spec.ttlSecondsAfterFinished (None: kept until deleted). Apart from parse_spec because a job
+    that failed on another field of its spec still expires as asked. Raises SpecError."""
+    if spec.get("ttlSecondsAfterFinished") is None:
+        return None
+    return _int_in(spec, "ttlSecondsAfterFinished", 0, 0, 31536000, "spec")
+
+
 def _dict(d: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     return _get(d, key, dict, {}, where)
 
@@ -422,8 +430,7 @@ def parse_spec(name: str, spec: dict[str, Any]) -> TuningJobSpec:
         builder_workers=workers,
         backoff_limit_per_index=_int_in(c, "backoffLimitPerIndex", 3, 0, 100, "spec.clients"),
         output=output, builders=parse_builders(spec), sharing=sharing, image_pull_policy=pull,
-        ttl_seconds_after_finished=(None if spec.get("ttlSecondsAfterFinished") is None else
-                                    _int_in(spec, "ttlSecondsAfterFinished", 0, 0, 31536000, "spec")),
+        ttl_seconds_after_finished=ttl_of(spec),
         raw=spec,
     )
 

@@ -19,7 +19,7 @@ from typing import Any
 import kopf
 from kubernetes import client
 
-from ..api.spec import API_GROUP, API_VERSION, PLURAL, SpecError, TuningJobSpec, check_image_allowed, check_runs_on_cluster, spec_of
+from ..api.spec import API_GROUP, API_VERSION, PLURAL, SpecError, TuningJobSpec, check_image_allowed, check_runs_on_cluster, spec_of, ttl_of
 from ..api.topology import ChildNames
 from ..planner import JobRef, daemon_names, plan, plan_merge, result_location, servers_scale
 from ..admission import placement_of
@@ -257,7 +257,7 @@ def reconcile_status(ctx: Context, body: dict[str, Any], patch: kopf.Patch, snap
     name, namespace = meta["name"], meta["namespace"]
     phase = status.get("phase")
     if phase in FINAL:
-        _maybe_expire(ctx, name, namespace, spec, status)
+        _maybe_expire(ctx, body, status)
         return
     if phase is None:
         return  # the create handler has not run yet
@@ -359,11 +359,18 @@ def _last_reason(status: Any) -> str | None:
     return None
 
 
-def _maybe_expire(ctx: Context, name: str, namespace: str, spec: Any, status: Any) -> None:
-    ttl = spec.get("ttlSecondsAfterFinished")
+def _maybe_expire(ctx: Context, body: dict[str, Any], status: Any) -> None:
+    try:
+        ttl = spec_of(body).ttl_seconds_after_finished
+    except SpecError:  # failed on another field: the ttl alone decides (an invalid one keeps the job)
+        try:
+            ttl = ttl_of(dict(body.get("spec") or {}))
+        except SpecError:
+            ttl = None
     done = status.get("completionTime")
     if ttl is None or not done:
         return
     finished = dt.datetime.fromisoformat(done.replace("Z", "+00:00"))
     if (dt.datetime.now(dt.timezone.utc) - finished).total_seconds() >= ttl:
-        ctx.custom.delete_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
+        meta = body["metadata"]
+        ctx.custom.delete_namespaced_custom_object(API_GROUP, API_VERSION, meta["namespace"], PLURAL, meta["name"])
