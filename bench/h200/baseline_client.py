@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -32,6 +34,9 @@ def main() -> int:
     ap.add_argument("--total", type=int, default=None, help="max_trials_global (default: tasks x trials)")
     ap.add_argument("--runner-workers", type=int, default=None, help="RPCRunner max_workers (default: stock, 1)")
     ap.add_argument("--builder-workers", type=int, default=None, help="LocalBuilder max_workers (default: stock)")
+    ap.add_argument("--builder-timeout-s", type=float,
+                    default=float(os.environ["BENCH_BUILDER_TIMEOUT_S"]) if os.environ.get("BENCH_BUILDER_TIMEOUT_S") else None,
+                    help="LocalBuilder timeout_sec (default: stock, 30; or $BENCH_BUILDER_TIMEOUT_S)")
     ap.add_argument("--scheduler", choices=("gradient", "round-robin"), default="gradient",
                     help="tune_tasks' task_scheduler (default: stock, gradient)")
     ap.add_argument("--count-measured", action="store_true", help="note each measured candidate (measured.py)")
@@ -66,8 +71,9 @@ def main() -> int:
         tracker_host=host, tracker_port=int(port), tracker_key=a.key, session_timeout_sec=30),
         **({"max_workers": a.runner_workers} if a.runner_workers else {}),
         **({"f_run_evaluator": counted_run_evaluator} if a.count_measured else {}))
-    builder = (ms.builder.LocalBuilder(max_workers=a.builder_workers) if a.builder_workers
-               else ms.builder.LocalBuilder())
+    _log_build_errors(ms.builder.LocalBuilder)
+    builder = ms.builder.LocalBuilder(**({"max_workers": a.builder_workers} if a.builder_workers else {}),
+                                      **({"timeout_sec": a.builder_timeout_s} if a.builder_timeout_s else {}))
     with ms.Profiler() as prof:
         ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=str(a.work_dir / "logs"),
                       max_trials_global=a.total or a.tasks * a.trials, max_trials_per_task=a.trials,
@@ -79,6 +85,25 @@ def main() -> int:
         "started_at": t_start, "extracted_at": t_extracted, "done_at": time.time(), "phases": phases,
         "tasks": task_list}))
     return 0
+
+
+def _log_build_errors(cls: type) -> None:
+    """Each failed build's reason on stderr (the client log): stock logs only their count, and a
+    baseline that loses builds to its own timeouts is not a fair one (the count alone cannot tell
+    a timeout from a candidate that does not compile). ``cls``: TVM's derived LocalBuilder, whose
+    FFI methods call the Python class it wraps (``_cls``) at call time."""
+    cls = getattr(cls, "_cls", cls)
+    inner = cls.build
+
+    def build(self, inputs):  # type: ignore[no-untyped-def]
+        results = inner(self, inputs)
+        for r in results:
+            if r.error_msg:
+                lines = [x for x in str(r.error_msg).strip().splitlines() if x.strip()]
+                print(f"build error: {lines[0][:160]} | {lines[-1][:240]}", file=sys.stderr, flush=True)
+        return results
+
+    cls.build = build
 
 
 if __name__ == "__main__":

@@ -71,6 +71,12 @@ STOCK_TUNED_SERVERS = 4
 # joins a batch as soon as it is measured (TVM's TouchTask), which a user tuning within a time
 # budget would choose.
 STOCK_TUNED_SCHEDULER = "round-robin"
+# Both stock arms: LocalBuilder's timeout. TVM's 30 s counts a fresh worker's start (stock starts a
+# new pool of `cores` processes for every batch, each importing TVM and making its first NVRTC
+# compile cold); on the GPU machine MobileNet-V2's stock arms lost 8 of 69 and 23 of 70 builds to
+# it, candidates that rebuilt alone compile in ~0.6 s. 120 s loses none of them and only matters
+# where a build would otherwise be thrown away.
+STOCK_BUILDER_TIMEOUT_S = 120.0
 # sharetune: the headline topology (rounds r4-r7). No per-task cap below the budget, as for the
 # stock arms: a client tunes its shard's tasks together (round-robin, capped_search.py), every task
 # a round before any gets a second, with budgets in proportion to each task's cost
@@ -130,13 +136,13 @@ def knobs(a: argparse.Namespace, cores: int) -> dict[str, Any]:
                 "builder": "LocalBuilder() (stock: max_workers = cores, pool restarted per batch)",
                 "search": "EvolutionarySearch stock (population 512)", "candidates_per_batch": 64,
                 "task_scheduler": "gradient", "max_trials_per_task": a.total, "mps": False,
-                "rpc_session_timeout_s": 30, "cost_model": "xgb"}
+                "rpc_session_timeout_s": 30, "cost_model": "xgb", "builder_timeout_s": a.builder_timeout_s}
     if a.arm == "stock-tuned":
         return {**base, "processes": "one tuning process", "servers": a.servers, "rpc_runner_max_workers": a.servers,
                 "builder": f"LocalBuilder(max_workers={a.builder_workers or cores})",
                 "search": "EvolutionarySearch stock (population 512)", "candidates_per_batch": 64,
                 "task_scheduler": STOCK_TUNED_SCHEDULER, "max_trials_per_task": a.total, "mps": False,
-                "rpc_session_timeout_s": 30, "cost_model": "xgb"}
+                "rpc_session_timeout_s": 30, "cost_model": "xgb", "builder_timeout_s": a.builder_timeout_s}
     return {**base, "clients": a.clients, "servers": a.servers, "thread_pct": a.pct, "mps": a.target == "cuda",
             "per_iteration": a.per_iter, "per_task": a.per_task,
             "builder": "one build service for all clients (PooledBuilder, host's cores)",
@@ -188,6 +194,8 @@ def tune(a: argparse.Namespace) -> int:
         shutil.rmtree(wd)
     wd.mkdir(parents=True)
     ca = _cell_args(a, aid)
+    if a.arm != "sharetune":  # read by baseline_client.py (the cell's child process)
+        os.environ["BENCH_BUILDER_TIMEOUT_S"] = str(a.builder_timeout_s)
     log(f"{aid}: {a.arm} {a.network}, whole model, {a.total} trials, window {a.window_s:.0f} s")
     profiler = _profile_later(aid, a.profile_at_s, a.profile_s, a.profile_native) if a.profile_s else None
     try:
@@ -806,6 +814,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--servers", type=int, default=None,
                    help=f"stock-tuned: servers = runner workers ({STOCK_TUNED_SERVERS}); sharetune: servers ({ST_SERVERS})")
     t.add_argument("--builder-workers", type=int, default=None, help="stock-tuned: LocalBuilder workers (cores)")
+    t.add_argument("--builder-timeout-s", type=float, default=STOCK_BUILDER_TIMEOUT_S,
+                   help="stock arms: LocalBuilder timeout_sec (TVM's default: 30)")
     t.add_argument("--clients", type=int, default=ST_CLIENTS, help="sharetune")
     t.add_argument("--pct", type=int, default=ST_PCT, help="sharetune: MPS thread percentage per server")
     t.add_argument("--per-iter", type=int, default=ST_PER_ITER, help="sharetune: candidates per round")
