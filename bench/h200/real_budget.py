@@ -34,10 +34,12 @@ and the plot.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -153,6 +155,51 @@ def knobs(a: argparse.Namespace, cores: int) -> dict[str, Any]:
             "cost_model": "xgb"}
 
 
+_STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)"
+_SENT = re.compile(_STAMP + r".*Sending (\d+) sample\(s\) to builder", re.M)
+_ERRORS = re.compile(_STAMP + r".*Build errors: (\d+) sample\(s\)", re.M)
+_REASON = re.compile(r"^build error: .*\| (.*)$", re.M)
+TVM_BUILDER_TIMEOUT_S = 30.0
+
+
+def build_errors(client_log: str, timeout_s: float = TVM_BUILDER_TIMEOUT_S) -> dict[str, Any]:
+    """A stock arm's builds from its client log: candidates sent to the builder, how many failed
+    and why (baseline_client.py's ``build error:`` lines), and how many of them were lost to the
+    builder's timeout: the reason says so, or (logs without reasons) their batch took at least
+    ``timeout_s`` from sending to the error count, which a batch of candidates that compile in
+    about a second each only does by waiting for a killed worker."""
+    stamp = lambda x: dt.datetime.strptime(x, "%Y-%m-%d %H:%M:%S").timestamp()  # noqa: E731
+    # (position in the log, time, count): a batch's error count follows its own send line, often
+    # in the same second as the next batch's send
+    sent = [(m.start(), stamp(m[1]), int(m[2])) for m in _SENT.finditer(client_log)]
+    errors = [(m.start(), stamp(m[1]), int(m[2])) for m in _ERRORS.finditer(client_log)]
+    reasons: dict[str, int] = {}
+    for r in _REASON.findall(client_log):
+        key = re.sub(r"[0-9]+(\.[0-9]+)?", "N", r.strip())[:120]
+        reasons[key] = reasons.get(key, 0) + 1
+    if reasons:
+        timed_out = sum(n for r, n in reasons.items() if "Timeout" in r)
+    else:
+        timed_out = 0
+        for pos, t1, n in errors:
+            t0 = max(((p, t) for p, t, _ in sent if p < pos), default=None)
+            if t0 is not None and t1 - t0[1] >= timeout_s:
+                timed_out += n
+    return {"builds_sent": sum(n for _, _, n in sent), "build_errors": sum(n for _, _, n in errors),
+            "build_timeouts": timed_out,
+            "build_error_reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1])[:5])}
+
+
+def lost_builds(cell: dict[str, Any]) -> str | None:
+    """Why a baseline arm is not a fair baseline (None: it is): it lost builds to its builder's
+    timeout (build_errors), which the candidates do not need (STOCK_BUILDER_TIMEOUT_S)."""
+    if cell.get("arm") == "sharetune" or not cell.get("build_timeouts"):
+        return None
+    timeout = (cell.get("knobs") or {}).get("builder_timeout_s") or TVM_BUILDER_TIMEOUT_S
+    return (f"lost {cell['build_timeouts']} of {cell.get('builds_sent')} builds to LocalBuilder's "
+            f"{timeout:.0f}-s timeout")
+
+
 def _pack(wd: Path, db_dirs: list[str], cell: dict[str, Any], dest: Path) -> int:
     """The arm's record databases (+ its cell and the logs' tails) as a small tar.gz."""
     with tarfile.open(dest, "w:gz") as t:
@@ -223,6 +270,9 @@ def tune(a: argparse.Namespace) -> int:
     in_window = sum(1 for x in measured if x <= a.window_s) if measured is not None else committed
     written = sum(len(tune_cell._records(wd / d)) for d in rel)
     failed = sum(tune_cell._failed(tune_cell._records(wd / d)) for d in rel)
+    client_log = wd / "logs" / "client.log"
+    builds = (build_errors(client_log.read_text(errors="replace"), a.builder_timeout_s)
+              if a.arm != "sharetune" and client_log.is_file() else {})
     first = min((ts[0] for ts in times.values() if ts), default=None)
     cell = {
         "id": aid, "network": a.network, "arm": a.arm, "seed": a.seed, "target": a.target, "gpu": gpu_name(),
@@ -231,6 +281,7 @@ def tune(a: argparse.Namespace) -> int:
         # stopped by the window (the budget was not exhausted), or finished before it
         "stopped_at_window": bool(r.get("stopped_at_window")), "exhausted": not r.get("stopped_at_window"),
         "trials": in_window, "records_in_window": committed, "records_written": written, "failed": failed,
+        **builds,
         "trials_counted": "candidates measured (runner)" if measured is not None else "records committed",
         "trials_per_s": round(in_window / span, 4) if span > 0 else None,
         "first_record_s": first,
@@ -659,7 +710,10 @@ def summarize_cells(arm_cells: dict[str, dict[str, Any]], eval_cells: dict[str, 
                           "machine": cell.get("machine"), "trials": cell.get("trials"),
                           "stopped_at_window": cell.get("stopped_at_window"),
                           "cpu_util_mean": cell.get("cpu_util_mean"), "gpu_util_mean": cell.get("gpu_util_mean"),
-                          "cpu_core_s_by_role": cell.get("cpu_core_s_by_role")}
+                          "cpu_core_s_by_role": cell.get("cpu_core_s_by_role"),
+                          "unfair": lost_builds(cell),
+                          "builds": {k: cell[k] for k in ("builds_sent", "build_errors", "build_timeouts")
+                                     if k in cell}}
         n = networks.setdefault(net, {"runs": [], "vs": {b: [] for b in BASELINES}, "speedup": {}})
         run = {"seed": seed, "untuned_ms": ev["untuned_ms"], "gpu": ev.get("gpu"), "eval_machine": ev.get("machine"),
                "arms": {}}
@@ -670,6 +724,8 @@ def summarize_cells(arm_cells: dict[str, dict[str, Any]], eval_cells: dict[str, 
                                 "speedup_vs_untuned": sp, "cpu_util_mean": s["cpu_util_mean"],
                                 "gpu_util_mean": s["gpu_util_mean"], "stopped_at_window": s["stopped_at_window"],
                                 "machine": s["machine"], "curve": s["curve"],
+                                **({"builds": s["builds"]} if s["builds"] else {}),
+                                **({"not_a_fair_baseline": s["unfair"]} if s["unfair"] else {}),
                                 **({"cpu_core_s_by_role": s["cpu_core_s_by_role"]} if s["cpu_core_s_by_role"] else {})}
             n["speedup"].setdefault(arm, []).append(sp)
         n["runs"].append(run)
@@ -680,9 +736,14 @@ def summarize_cells(arm_cells: dict[str, dict[str, Any]], eval_cells: dict[str, 
                     c["seed"] = seed
                     c["same_machine"] = sides[b]["machine"] == sides["sharetune"]["machine"]
                     c["equal_windows"] = sides[b]["window_s"] == sides["sharetune"]["window_s"]
+                    if sides[b]["unfair"]:
+                        c["not_a_fair_baseline"] = sides[b]["unfair"]
                     n["vs"][b].append(c)
     for net, n in networks.items():
-        n["vs"] = {b: {"per_seed": rows, **aggregate(rows)} for b, rows in n["vs"].items() if rows}
+        # a baseline that lost builds to its own timeout is reported, never aggregated (nor judged)
+        n["vs"] = {b: {"per_seed": rows, **aggregate([r for r in rows if "not_a_fair_baseline" not in r]),
+                       "left_out": [r["seed"] for r in rows if "not_a_fair_baseline" in r]}
+                   for b, rows in n["vs"].items() if rows}
         n["speedup_vs_untuned"] = {arm: {"geomean": gmean(v), "worst": min((x for x in v if x), default=None),
                                          "per_seed": v} for arm, v in n.pop("speedup").items()}
     return networks
@@ -737,6 +798,10 @@ def summarize(a: argparse.Namespace) -> int:
                      "sharetune": f"local-mode topology: {ST_CLIENTS} clients, {ST_SERVERS} servers at {ST_PCT}% "
                                   f"under MPS, {ST_PER_ITER} per round, a shard's tasks round-robin, no per-task cap "
                                   "below the budget (budgets in proportion to cost)"},
+            "builder_timeout": f"stock arms: LocalBuilder's timeout as each arm's knobs say (builder_timeout_s; "
+                               f"absent: TVM's {TVM_BUILDER_TIMEOUT_S:.0f} s); an arm that lost builds to it is "
+                               "not a fair baseline: its comparison is kept per seed (not_a_fair_baseline) and left "
+                               "out of the geometric means and goals_met",
             "budget": f"{TOTAL} trials, whole model, not exhausted within the window (each arm says "
                       "stopped_at_window)",
             "window": "each arm one device command; wall time from the first process started (start-up included)",

@@ -96,3 +96,41 @@ def test_goals_are_judged_per_network_and_only_over_every_headline_network() -> 
     both = rb.goals(nets, headline=("resnet50", "mobilenet_v2"))
     assert set(both["goals_met"].values()) == {None}
     assert both["goals_met_by_network"]["resnet50"]["throughput_vs_stock"] is True
+
+
+STOCK_LOG = """2026-12-06 04:30:56 [INFO] [task_scheduler.cc:208] Sending 63 sample(s) to builder
+2026-12-06 04:31:20 [INFO] [task_scheduler.cc:216] Build errors: 2 sample(s)
+2026-12-06 04:31:20 [INFO] [task_scheduler.cc:218] Sending 61 valid sample(s) to runner
+2026-12-06 04:31:20 [INFO] [task_scheduler.cc:208] Sending 6 sample(s) to builder
+2026-12-06 04:31:53 [INFO] [task_scheduler.cc:216] Build errors: 4 sample(s)
+2026-12-06 04:31:53 [INFO] [task_scheduler.cc:218] Sending 2 valid sample(s) to runner
+"""
+
+
+def test_build_errors_tell_timeouts_from_candidates_that_do_not_compile() -> None:
+    # without reasons: a batch that took the whole timeout lost its errors to it (the second,
+    # 33 s; its send line shares a second with the first batch's error count), the first did not
+    b = rb.build_errors(STOCK_LOG)
+    assert (b["builds_sent"], b["build_errors"], b["build_timeouts"]) == (69, 6, 4)
+    # with baseline_client's reasons, they decide
+    reasons = STOCK_LOG + ("build error: LocalBuilder: Timeout | LocalBuilder: Timeout, killed after 30.0 seconds\n"
+                           "build error: Traceback | RuntimeError: NVRTC compilation failed\n")
+    r = rb.build_errors(reasons)
+    assert r["build_timeouts"] == 1 and r["build_error_reasons"] == {
+        "LocalBuilder: Timeout, killed after N seconds": 1, "RuntimeError: NVRTC compilation failed": 1}
+
+
+def test_a_baseline_that_lost_builds_to_its_timeout_is_reported_but_not_aggregated() -> None:
+    arms, evs = {}, {}
+    for seed in (0, 1):
+        for arm, tps in (("stock", 0.5), ("sharetune", 2.0)):
+            arms[rb.arm_id("resnet50", seed, arm)] = {"arm": arm, "trials_per_s": tps, "window_s": 540,
+                                                     "machine": "m", "trials": int(tps * 540)}
+        evs[rb.eval_id("resnet50", seed)] = {
+            "id": rb.eval_id("resnet50", seed), "network": "resnet50", "seed": seed, "untuned_ms": 10.0,
+            "arms": {arm: {"run": rb.arm_id("resnet50", seed, arm), "curve": [{"t": 540, "median_ms": ms}]}
+                     for arm, ms in (("stock", 8.0), ("sharetune", 5.0))}}
+    arms[rb.arm_id("resnet50", 1, "stock")].update(trials_per_s=0.1, builds_sent=69, build_errors=6, build_timeouts=4)
+    vs = rb.summarize_cells(arms, evs)["resnet50"]["vs"]["stock"]
+    assert vs["throughput_ratio"]["geomean"] == 4.0 and vs["seeds"] == [0] and vs["left_out"] == [1]
+    assert vs["per_seed"][1]["not_a_fair_baseline"] == "lost 4 of 69 builds to LocalBuilder's 30-s timeout"
