@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sharetune.api.spec import TrialBudget
 from sharetune_tuner.partition import (TaskInfo, budgets, left_at_default, order, partition, shard_of, to_tune,
                                        useful_minimum, useful_shards)
 
@@ -107,6 +108,15 @@ def test_useful_minimum() -> None:
     assert useful_minimum(64, 2) == 8  # at least 8
     assert useful_minimum(4, 2) == 4  # never above the per-task cap
     assert useful_minimum(12, 4) == 8  # the quickstart: 48 trials, 12 per task -> 4 tasks x 12
+
+
+@given(task_lists, st.integers(1, 5000), st.integers(1, 200), st.integers(1, 64))
+@settings(max_examples=300, deadline=None)
+def test_the_spec_bounds_the_tuned_tasks_without_the_model(costs, total, cap, per_iter) -> None:  # type: ignore[no-untyped-def]
+    # what the operator sizes the clients' Job by, before any model is loaded
+    bound = TrialBudget(total=total, per_task=cap, per_iteration=per_iter).max_tuned_tasks
+    b = budgets(tasks_from(costs), total, cap, useful_minimum(cap, per_iter))
+    assert sum(1 for v in b.values() if v > 0) <= bound
 
 
 def test_budgets_of_the_quickstart_model() -> None:

@@ -84,7 +84,7 @@ def test_mps_job_daemon_servers_and_security() -> None:
 
 
 def test_clients_are_an_indexed_job_and_credentials_come_from_a_secret() -> None:
-    s = parse_spec("tj", {"model": {"name": "resnet18"}, "clients": {"shards": 5, "backoffLimitPerIndex": 2},
+    s = parse_spec("tj", {"model": {"name": "resnet18"}, "trials": {"total": 128}, "clients": {"shards": 5, "backoffLimitPerIndex": 2},
                           "output": {"s3": {"bucket": "bkt", "prefix": "runs/", "endpoint": "http://s3:9000",
                                             "credentialsSecret": {"name": "creds"}}}})
     job = next(o for o in plan(JOB, s) if o["kind"] == "Job")
@@ -234,13 +234,27 @@ def test_permanent_user_errors_are_not_retried() -> None:
 def test_a_clamped_job_merges_the_shards_it_kept() -> None:
     """The clients' Job is elastic (completions == parallelism, so the operator may scale both
     down together), and the merge reads as many shards as the clamp kept."""
-    s = parse_spec("tj", {"model": {"name": "tiny_cnn"}, "clients": {"shards": 12}})
+    s = parse_spec("tj", {"model": {"name": "tiny_cnn"}, "trials": {"total": 192}, "clients": {"shards": 12}})
     clients = next(o for o in plan(JOB, s) if o["kind"] == "Job")
     assert clients["spec"]["completions"] == clients["spec"]["parallelism"] == 12
     args = containers(plan_merge(JOB, s))[0]["args"]
     assert args[args.index("--shards") + 1] == "12"
     args = containers(plan_merge(JOB, s, shards=4))[0]["args"]
     assert args[args.index("--shards") + 1] == "4"
+
+
+def test_shards_are_sized_to_what_the_budget_can_give_a_task() -> None:
+    """No idle client pods: 64 shards over 96 trials of at least two 16-candidate rounds each can
+    keep only 3 busy; the spec says so, the planner creates 3."""
+    s = parse_spec("tj", {"model": {"name": "resnet50"}, "trials": {"total": 96, "perTask": 64, "perIteration": 16},
+                          "clients": {"shards": 64}})
+    assert (s.shards, s.shards_asked, s.trials.useful_minimum, s.trials.max_tuned_tasks) == (3, 64, 32, 3)
+    assert s.shards_sizing() == ("clients.shards 64 > 3: a budget of 96 trials gives 32 or more to each task it "
+                                 "tunes but one (two rounds of trials.perIteration 16), so at most 3 tasks get "
+                                 "trials: 3 client shards")
+    clients = next(o for o in plan(JOB, s) if o["kind"] == "Job")
+    assert clients["spec"]["completions"] == clients["spec"]["parallelism"] == 3
+    assert parse_spec("tj", {"model": {"name": "resnet50"}, "clients": {"shards": 4}}).shards_sizing() is None
 
 
 def test_builders_pool_pods_key_and_autoscaler() -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+from sharetune.api.spec import TrialBudget
+
 
 @dataclass(frozen=True)
 class TaskInfo:
@@ -68,12 +70,8 @@ def useful_shards(bins: list[list[TaskInfo]]) -> int:
 
 
 def useful_minimum(per_task: int, per_iteration: int) -> int:
-    """The fewest trials worth spending on a task: two search rounds, and at least 8 (capped at
-    ``per_task``). A task's first round is mostly random candidates (the cost model has seen none
-    of its measurements); the second is the first one a trained cost model picks. Fewer trials than
-    that rarely beat TVM's default schedule (DLight on GPUs): ResNet-18 with 96 trials over 22
-    tasks (1-5 each) ended 0.83x of untuned on an H200."""
-    return max(1, min(per_task, max(2 * per_iteration, 8)))
+    """The fewest trials worth spending on a task (the spec's ``TrialBudget.useful_minimum``)."""
+    return TrialBudget(total=per_task, per_task=per_task, per_iteration=per_iteration).useful_minimum
 
 
 def _fill(tasks: list[TaskInfo], total: int, per_task: int) -> dict[str, int]:

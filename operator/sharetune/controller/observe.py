@@ -89,7 +89,7 @@ def observe(ctx: Context, job: JobRef, s: TuningJobSpec, snap: Snapshot) -> Obse
         cm = snap.configmaps.get((ns, n.shard(i)))
         shards.append(ShardView.from_progress(i, (cm.data or {}).get(PROGRESS_FILE) if cm else None))
     cj = snap.jobs.get((ns, n.clients))
-    clamp = shard_clamp(s.shards, shards)
+    clamp = shard_clamp(s.shards, shards, s.shards_asked)
     job_shards = cj.spec.completions if cj is not None and cj.spec is not None else None
     # clients.shards, or fewer once a client has reported that only the first few have a task:
     # the status and the merge follow the clamp at once, before the Job is scaled down to it.

@@ -127,6 +127,7 @@ def create_children(ctx: Context, body: Any, job: JobRef, s: TuningJobSpec, shar
         patch.status["resultLocation"] = result_location(job, s)
         events.set_phase(ctx.api, body, patch, PENDING, "Created", f"created {created} child objects",
                          generation, status)
+        _say_sized(ctx, body, s, patch, generation)
     metrics.RECONCILE.labels("create").observe(time.monotonic() - t0)
 
 
@@ -338,13 +339,25 @@ def clamp_clients(ctx: Context, job: JobRef, obs: Observed) -> None:
         log.info("%s/%s: %s", job.namespace, job.name, obs.clamp.message)
 
 
+def _say_sized(ctx: Context, body: Any, s: TuningJobSpec, patch: kopf.Patch, generation: int | None) -> None:
+    """clients.shards above what the budget can give a task: the clients' Job was sized to the
+    budget from the start (spec.shards), said in the status and one Event, as a clamp is."""
+    why = s.shards_sizing()
+    if why is None:
+        return
+    patch.status["clientShards"] = s.shards
+    conds = patch.status["conditions"] if "conditions" in patch.status else list((body.get("status") or {}).get("conditions") or [])
+    patch.status["conditions"] = condition(conds, "ShardsClamped", "True", "BudgetBoundsShards", why, generation)
+    events.post(ctx.api, body, "Normal", "ShardsClamped", why)
+
+
 def _say_clamped(ctx: Context, body: dict[str, Any], obs: Observed, patch: kopf.Patch,
                  generation: int | None) -> None:
     """The clamp in the status (``clientShards``, a ``ShardsClamped`` condition) and one Event."""
     assert obs.clamp is not None
     status = body.get("status") or {}
     conds = patch.status["conditions"] if "conditions" in patch.status else list(status.get("conditions") or [])
-    if any(c.get("type") == "ShardsClamped" for c in conds):
+    if any(c.get("type") == "ShardsClamped" and c.get("reason") == "MoreShardsThanTasks" for c in conds):
         return
     patch.status["clientShards"] = obs.clamp.shards
     patch.status["conditions"] = condition(conds, "ShardsClamped", "True", "MoreShardsThanTasks",

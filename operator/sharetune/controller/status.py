@@ -109,11 +109,12 @@ class Clamp:
     message: str
 
 
-def shard_clamp(spec_shards: int, shards: list[ShardView]) -> Clamp | None:
+def shard_clamp(spec_shards: int, shards: list[ShardView], asked: int | None = None) -> Clamp | None:
     """The clamp of ``clients.shards`` to the shards that have a task to tune, once a client has
     reported its partition (every client computes the same one); None while none has, or when
     every shard has a task. The partition leaves shards empty only from the highest index down
-    (``partition.useful_shards``), so the clients' Job keeps every task when it is scaled down."""
+    (``partition.useful_shards``), so the clients' Job keeps every task when it is scaled down.
+    ``asked``: clients.shards as written, when the budget sized the Job below it (the message)."""
     reported = [s for s in shards if s.useful_shards is not None]
     if not reported:
         return None
@@ -125,7 +126,7 @@ def shard_clamp(spec_shards: int, shards: list[ShardView]) -> Clamp | None:
     rest = (f" (the budget gives trials to {tasks} of the model's {r.tasks_total} tasks; the rest keep TVM's "
             f"defaults)" if r.tasks_total is not None and r.tasks_total > tasks else "")
     plural = "s" if k != 1 else ""
-    return Clamp(k, f"clients.shards {spec_shards} > {tasks} tasks to tune: clamped to {k} shard{plural}{rest}")
+    return Clamp(k, f"clients.shards {asked or spec_shards} > {tasks} tasks to tune: clamped to {k} shard{plural}{rest}")
 
 
 def count_indexes(indexes: str | None, below: int) -> int:
