@@ -117,3 +117,15 @@ def test_a_stale_cache_is_not_used(tmp_path: Path) -> None:
     moved = tmp_path / "tensor-intrinsics-1111111111111111.json"
     stale.rename(moved)
     assert I.read_cache(moved) is None  # key inside differs from the name's
+
+
+def test_clients_started_together_parse_the_intrinsics_once(tmp_path: Path) -> None:
+    """Two processes on an empty cache at the same time: one parses and writes, the other waits
+    for it and reads the file (the quickstart's two clients)."""
+    code = "import sys; from pathlib import Path; from sharetune_tuner import intrinsics as I; " \
+           "print(I.ensure_registered(Path(sys.argv[1])))"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
+    assert sorted(o.strip().splitlines()[-1] for o, _ in outs) == ["built", "cache"]
