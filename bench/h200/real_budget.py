@@ -200,6 +200,22 @@ def lost_builds(cell: dict[str, Any]) -> str | None:
             f"{timeout:.0f}-s timeout")
 
 
+def machine_state() -> dict[str, Any]:
+    """What else is on the machine when an arm starts: its load, and processes an earlier arm may
+    have left (an MPS control daemon, tuning or building processes). An arm that starts beside
+    them does not get the machine the others got; ``tune`` says so before it starts."""
+    import psutil
+
+    me = os.getpid()
+    left = []
+    for p in psutil.process_iter(["pid", "cmdline", "cpu_percent"]):
+        cmd = " ".join(p.info.get("cmdline") or [])
+        if p.info["pid"] != me and ("nvidia-cuda-mps" in cmd or "sharetune_tuner" in cmd or "st_client.py" in cmd
+                                    or "baseline_client.py" in cmd or "tvm.exec.popen_worker" in cmd):
+            left.append(cmd[:160])
+    return {"load1": round(os.getloadavg()[0], 2), "left_over": left[:20], "left_over_count": len(left)}
+
+
 def _pack(wd: Path, db_dirs: list[str], cell: dict[str, Any], dest: Path) -> int:
     """The arm's record databases (+ its cell and the logs' tails) as a small tar.gz."""
     with tarfile.open(dest, "w:gz") as t:
@@ -240,6 +256,10 @@ def tune(a: argparse.Namespace) -> int:
     if wd.exists():
         shutil.rmtree(wd)
     wd.mkdir(parents=True)
+    before = machine_state()
+    if before["left_over_count"]:
+        log(f"warning: {before['left_over_count']} processes of an earlier run are still here (load "
+            f"{before['load1']}): {before['left_over'][:3]}")
     ca = _cell_args(a, aid)
     if a.arm != "sharetune":  # read by baseline_client.py (the cell's child process)
         os.environ["BENCH_BUILDER_TIMEOUT_S"] = str(a.builder_timeout_s)
@@ -281,7 +301,7 @@ def tune(a: argparse.Namespace) -> int:
         # stopped by the window (the budget was not exhausted), or finished before it
         "stopped_at_window": bool(r.get("stopped_at_window")), "exhausted": not r.get("stopped_at_window"),
         "trials": in_window, "records_in_window": committed, "records_written": written, "failed": failed,
-        **builds,
+        **builds, "machine_before": before,
         "trials_counted": "candidates measured (runner)" if measured is not None else "records committed",
         "trials_per_s": round(in_window / span, 4) if span > 0 else None,
         "first_record_s": first,
