@@ -153,3 +153,35 @@ def test_the_status_fetch_command_is_one_the_cli_takes() -> None:
     a = build_parser().parse_args(shlex.split(cmd)[1:])
     assert (a.result_cmd, a.where, a.namespace, str(a.out)) == ("fetch", "tj/resnet", "team-a", "DIR")
     assert "fetchCommand" not in result_fields({"records": 4, "speedup": 2.0})
+
+
+def test_a_local_run_of_a_model_file_compiles_from_its_work_dir_alone(run_dir: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local job whose model is `spec.model.onnx.path` (relative, as users write it): the work
+    dir keeps the job with the path made absolute, so `result compile WORKDIR` needs no --model."""
+    import shutil
+
+    from sharetune_tuner.local import keep_job
+    from sharetune_tuner.zoo import ZOO
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nets").mkdir()
+    import onnx
+    onnx.save(ZOO["tiny_cnn"].build([1, 3, 64, 64]), str(tmp_path / "nets" / "mine.onnx"))
+    job = tmp_path / "mine.yaml"
+    job.write_text("apiVersion: sharetune.io/v1alpha1\nkind: TuningJob\nmetadata: {name: mine}\n"
+                   "spec:\n  model: {onnx: {path: nets/mine.onnx}, inputShape: [1, 3, 64, 64]}\n  target: llvm\n")
+    work = tmp_path / "run"
+    shutil.copytree(run_dir, work)
+    kept = keep_job(job, work)
+    assert str(tmp_path / "nets" / "mine.onnx") in kept.read_text()
+    summary = json.loads((work / "result" / SUMMARY_FILE).read_text())
+    (work / "result" / SUMMARY_FILE).write_text(json.dumps({**summary, "model": "mine"}))  # not a built-in
+
+    monkeypatch.chdir("/")  # compiled from anywhere
+    out = tmp_path / "tuned"
+    r = subprocess.run([sys.executable, "-m", "sharetune.cli", "result", "compile", str(work), "-o", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    info = json.loads((out / "model.json").read_text())
+    assert info["inputs"][0]["shape"] == [1, 3, 64, 64] and (out / "model.so").is_file()

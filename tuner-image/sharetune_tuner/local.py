@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from sharetune.api import commands
 from sharetune.api.exitcodes import NOT_RESTARTED_LOCALLY, ExitCode, passed_on
 from sharetune.api.gpuenv import NO_MULTICAST
 from sharetune.api.spec import TuningJobSpec
-from sharetune.api.topology import PROGRESS_FILE, SUMMARY_FILE, TENANT_ENV, gpu_groups, in_group
+from sharetune.api.topology import LOCAL_JOB_FILE, PROGRESS_FILE, SUMMARY_FILE, TENANT_ENV, gpu_groups, in_group
 from sharetune.procs import ProcessGroup, free_port
 
 from .build_protocol import ARTIFACT_DIR_ENV, AUTHKEY_ENV
@@ -58,6 +60,19 @@ class RunFailed(RuntimeError):
     def __init__(self, message: str, rc: int | None) -> None:
         super().__init__(message)
         self.exit_code = passed_on(rc)
+
+
+def keep_job(job_path: Path, workdir: Path) -> Path:
+    """The job as it runs, into the work dir (LOCAL_JOB_FILE), its ``spec.model.onnx.path`` made
+    absolute (relative paths are from the directory the run started in): the result of a run
+    whose model is a file can then be compiled from the work dir alone."""
+    doc = yaml.safe_load(job_path.read_text())
+    onnx = (((doc.get("spec") or {}).get("model") or {}).get("onnx") or {}) if isinstance(doc, dict) else {}
+    if isinstance(onnx, dict) and isinstance(onnx.get("path"), str):
+        onnx["path"] = str(Path(onnx["path"]).resolve())
+    out = workdir / LOCAL_JOB_FILE
+    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return out
 
 
 @dataclass
@@ -163,6 +178,7 @@ class LocalRun:
     def start_services(self) -> None:
         # The model first, once (a URL downloaded, a ConfigMap read): a bad one stops the run here.
         self.model_env = prepare_local_model(self.spec, self.job_path, self.workdir)
+        keep_job(self.job_path, self.workdir)
         groups = self.gpu_groups()
         (self.scratch / "artifacts").mkdir(parents=True, exist_ok=True)
         if self.shares_builder():

@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sharetune.api.spec import API_GROUP, API_VERSION, PLURAL, ModelSpec, OnnxSource, SpecError, TuningJobSpec, parse_spec
-from sharetune.api.topology import RECORDS_FILE, RESULT_OBJECT, SUMMARY_FILE, WORKLOADS_FILE, s3_object_key
+from sharetune.api.spec import (API_GROUP, API_VERSION, PLURAL, ModelSpec, OnnxSource, SpecError, TuningJobSpec,
+                                load_job, parse_spec)
+from sharetune.api.topology import LOCAL_JOB_FILE, MODEL_FILE, RECORDS_FILE, RESULT_OBJECT, SUMMARY_FILE, WORKLOADS_FILE, s3_object_key
 
 from .errors import TunerError
 
@@ -146,6 +147,15 @@ def fetch(where: str, out: Path, namespace: str | None = None) -> Fetched:
             raise ResultError(f"{where} holds no result: expected a local-mode work dir (with result/{SUMMARY_FILE}), "
                               "tj/NAME, configmap://NAMESPACE/NAME or s3://BUCKET/PREFIX/result")
         _place(src, out)
+        kept = local / LOCAL_JOB_FILE  # local mode's copy of the job: where its model came from
+        if spec is None and kept.is_file():
+            try:
+                spec = load_job(kept)
+            except SpecError:
+                pass  # a copy that no longer parses: the result still has the summary's model
+        read = local / "model" / MODEL_FILE  # local mode's copy of a ConfigMap's model (model_source.py)
+        if spec is not None and spec.model.onnx is not None and spec.model.onnx.config_map and read.is_file():
+            shutil.copyfile(read, out / ONNX_COPY)
     else:
         scheme, _, rest = where.partition("://")
         if scheme == "configmap":
@@ -204,7 +214,7 @@ def _fetch_model(core: Any, ns: str, src: OnnxSource, out: Path) -> None:
 
 def _model_spec(fetched: Fetched, out: Path, model_path: Path | None) -> ModelSpec:
     """The model to compile, at the input shape it was tuned at: ``--model`` first, then the job's
-    own spec (tj/NAME), then the summary's built-in model name."""
+    own spec (tj/NAME, or a local work dir's copy of the job), then the summary's built-in model."""
     from .zoo import ZOO
 
     s = fetched.summary

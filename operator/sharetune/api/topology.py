@@ -38,6 +38,9 @@ PROGRESS_FILE = "progress.json"  # the client's progress; the operator reads it 
 TENANT_ENV = "SHARETUNE_TENANT"
 CLIENT_LOG = "client.log"  # the client's own log, stored with its records (pod logs outlive the pod)
 SUMMARY_FILE = "summary.json"  # the merge's result summary
+# A local-mode work dir's copy of the job as it ran (its ONNX path made absolute): what
+# `sharetune result compile WORKDIR` reads the model from, as it reads a TuningJob's spec.
+LOCAL_JOB_FILE = "job.yaml"
 
 # ---- objects in the output store (ConfigMaps or S3) --------------------------------------------
 RESULT_OBJECT = "result"
