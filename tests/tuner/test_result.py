@@ -173,7 +173,9 @@ def test_a_local_run_of_a_model_file_compiles_from_its_work_dir_alone(run_dir: P
                    "spec:\n  model: {onnx: {path: nets/mine.onnx}, inputShape: [1, 3, 64, 64]}\n  target: llvm\n")
     work = tmp_path / "run"
     shutil.copytree(run_dir, work)
-    kept = keep_job(job, work)
+    from sharetune.api.spec import load_job
+
+    kept = keep_job(load_job(job), work)
     assert str(tmp_path / "nets" / "mine.onnx") in kept.read_text()
     summary = json.loads((work / "result" / SUMMARY_FILE).read_text())
     (work / "result" / SUMMARY_FILE).write_text(json.dumps({**summary, "model": "mine"}))  # not a built-in

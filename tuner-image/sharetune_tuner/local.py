@@ -7,6 +7,7 @@ Indexed Job's per-index retries, and resume from their records.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import secrets
@@ -24,7 +25,7 @@ import yaml
 from sharetune.api import commands
 from sharetune.api.exitcodes import NOT_RESTARTED_LOCALLY, ExitCode, passed_on
 from sharetune.api.gpuenv import NO_MULTICAST
-from sharetune.api.spec import TuningJobSpec
+from sharetune.api.spec import API_GROUP, API_VERSION, KIND, TuningJobSpec
 from sharetune.api.topology import LOCAL_JOB_FILE, PROGRESS_FILE, SUMMARY_FILE, TENANT_ENV, gpu_groups, in_group
 from sharetune.procs import ProcessGroup, free_port
 
@@ -62,16 +63,17 @@ class RunFailed(RuntimeError):
         self.exit_code = passed_on(rc)
 
 
-def keep_job(job_path: Path, workdir: Path) -> Path:
+def keep_job(spec: TuningJobSpec, workdir: Path) -> Path:
     """The job as it runs, into the work dir (LOCAL_JOB_FILE), its ``spec.model.onnx.path`` made
     absolute (relative paths are from the directory the run started in): the result of a run
     whose model is a file can then be compiled from the work dir alone."""
-    doc = yaml.safe_load(job_path.read_text())
-    onnx = (((doc.get("spec") or {}).get("model") or {}).get("onnx") or {}) if isinstance(doc, dict) else {}
+    body = copy.deepcopy(spec.raw)
+    onnx = (body.get("model") or {}).get("onnx") or {}
     if isinstance(onnx, dict) and isinstance(onnx.get("path"), str):
         onnx["path"] = str(Path(onnx["path"]).resolve())
     out = workdir / LOCAL_JOB_FILE
-    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    out.write_text(yaml.safe_dump({"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND,
+                                   "metadata": {"name": spec.name}, "spec": body}, sort_keys=False))
     return out
 
 
@@ -178,7 +180,7 @@ class LocalRun:
     def start_services(self) -> None:
         # The model first, once (a URL downloaded, a ConfigMap read): a bad one stops the run here.
         self.model_env = prepare_local_model(self.spec, self.job_path, self.workdir)
-        keep_job(self.job_path, self.workdir)
+        keep_job(self.spec, self.workdir)
         groups = self.gpu_groups()
         (self.scratch / "artifacts").mkdir(parents=True, exist_ok=True)
         if self.shares_builder():
