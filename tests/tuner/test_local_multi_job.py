@@ -88,8 +88,8 @@ def test_two_cpu_jobs_run_side_by_side_to_their_results(tmp_path: Path) -> None:
 def test_clients_count_every_running_job_on_the_host(tmp_path: Path) -> None:
     """A local pool's jobs share the host's CPUs: a job starting beside others sizes its clients'
     threads by all their clients; a job that has finished no longer counts."""
-    jobs = load([_write(tmp_path, n, clients={"shards": k}) for n, k in (("a", 1), ("b", 2), ("c", 3))],
-                tmp_path / "runs")
+    jobs = load([_write(tmp_path, n, clients={"shards": k}, trials={"total": 4 * k, "perTask": 4, "perIteration": 2})
+                 for n, k in (("a", 1), ("b", 2), ("c", 3))], tmp_path / "runs")  # budgets that keep k shards busy
     assert host_clients(jobs, jobs) == 6  # started together
     jobs[0].state = "running"
     assert host_clients(jobs, [jobs[2]]) == 1 + 3  # b still queued
