@@ -75,9 +75,10 @@ STOCK_TUNED_SERVERS = 4
 STOCK_TUNED_SCHEDULER = "round-robin"
 # Both stock arms: LocalBuilder's timeout. TVM's 30 s counts a fresh worker's start (stock starts a
 # new pool of `cores` processes for every batch, each importing TVM and making its first NVRTC
-# compile cold); on the GPU machine MobileNet-V2's stock arms lost 8 of 69 and 23 of 70 builds to
-# it, candidates that rebuilt alone compile in ~0.6 s. 120 s loses none of them and only matters
-# where a build would otherwise be thrown away.
+# compile cold); on the GPU machine MobileNet-V2's stock arms lost 8 of 75, 23 of 140 and 15 of 139
+# builds to it, candidates that rebuilt alone compile in ~0.6 s. With 120 s a re-run on a fresh
+# machine lost none of 206 (h200-stock-builder-diag.jsonl); it only matters where a build would
+# otherwise be thrown away.
 STOCK_BUILDER_TIMEOUT_S = 120.0
 # sharetune: the headline topology (rounds r4-r7). No per-task cap below the budget, as for the
 # stock arms: a client tunes its shard's tasks together (round-robin, capped_search.py), every task
