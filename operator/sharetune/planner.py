@@ -319,15 +319,29 @@ def _rbac(job: JobRef, spec: TuningJobSpec) -> list[dict[str, Any]]:
     ]
 
 
-def _daemon_security() -> dict[str, Any]:
-    """An MPS daemon's: root without privilege, only to create and hand over its host directory."""
+def _mps_dir_security() -> dict[str, Any]:
+    """The init container that hands a daemon's host directory over: root for seconds, only to
+    change owners (the kubelet creates a hostPath directory as root); no other capability, no
+    escalation, the chart's image and a fixed command."""
     return {"runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False, "privileged": False,
             "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]},
             "readOnlyRootFilesystem": True, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
+def _mps_dir_init(image: str, pull_policy: str) -> dict[str, Any]:
+    """The daemon pods' init container: ``/mps`` to the tuner UID/GID (:func:`sharetune_tuner.mps.hand_over`).
+    The daemon itself then runs as that UID, not root: a root control daemon without CAP_SETUID
+    cannot start the MPS server for a UID-1000 client (measured on an H100: every client failed
+    to connect), and one with it could become any user."""
+    return {"name": "mps-dir", "image": image, "imagePullPolicy": pull_policy,
+            "args": commands.mps_dir("/mps", TUNER_UID, TUNER_GID),
+            "securityContext": _mps_dir_security(),
+            "volumeMounts": [{"name": "mps", "mountPath": "/mps"}]}
+
+
 def _daemon_pod_security() -> dict[str, Any]:
-    """An MPS daemon pod's: its container runs as root (:func:`_daemon_security`), so only seccomp."""
+    """A daemon pod's: its init container runs as root (:func:`_mps_dir_security`), so only seccomp
+    at the pod level; each container says who it runs as."""
     return {"seccompProfile": {"type": "RuntimeDefault"}}
 
 
@@ -354,14 +368,14 @@ def _mps_daemon(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = No
     vol, mount, env = _mps_client_parts(job, g)
     args = commands.mps_daemon(spec, "/mps/pipe", "/mps/log", metrics_port=METRICS_PORT, client_group=TUNER_GID)
     c = _container(spec, image, "mps-daemon", args, env=[e for e in env if e["name"] != "NVIDIA_VISIBLE_DEVICES"],
-                   resources={"limits": {"nvidia.com/gpu": "1"}}, security=_daemon_security(), mounts=[mount],
-                   probe=False)
+                   resources={"limits": {"nvidia.com/gpu": "1"}}, mounts=[mount], probe=False)
     c.update(_daemon_probes())
     meta = _meta(job, in_group(ChildNames(job.name).mps, g), "mps-daemon")
     meta["labels"] = _group_labels(meta["labels"], g)
     extra: dict[str, Any] = {"priorityClassName": priority_class} if priority_class else {}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
             "spec": _pod_spec(spec, [c], volumes=[vol], gpu_placement=True, hostIPC=True,
+                              initContainers=[_mps_dir_init(image, spec.image_pull_policy)],
                               securityContext=_daemon_pod_security(), restartPolicy="Always",
                               terminationGracePeriodSeconds=30, **extra)}
 
@@ -680,11 +694,12 @@ def plan_pool(node: str, index: int, namespace: str, image: str = DEFAULT_IMAGE,
                 {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}],
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
         "resources": {"limits": {"nvidia.com/gpu": "1"}},
-        "securityContext": _daemon_security(),
+        "securityContext": _restricted(),
         "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}, {"name": "mps", "mountPath": "/mps"}],
         **_daemon_probes(),
     }
     pod: dict[str, Any] = {
+        "initContainers": [_mps_dir_init(image, "IfNotPresent")],
         "containers": [c],
         "volumes": [{"name": "scratch", "emptyDir": {}},
                     {"name": "mps", "hostPath": {"path": pool_host_dir(namespace, index), "type": "DirectoryOrCreate"}}],

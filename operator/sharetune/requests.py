@@ -19,6 +19,7 @@ ENV = "SHARETUNE_DEFAULT_REQUESTS"  # chart value: defaultRequests
 # smallest node that runs a job; tuner processes that import TVM get more memory than the rest.
 DEFAULT_REQUESTS: dict[str, dict[str, str]] = {
     "mps-daemon": {"cpu": "50m", "memory": "64Mi"},
+    "mps-dir": {"cpu": "10m", "memory": "64Mi"},  # the daemon pods' init container: seconds, one chown walk
     "tracker": {"cpu": "50m", "memory": "128Mi"},
     "server": {"cpu": "100m", "memory": "512Mi"},
     "client": {"cpu": "100m", "memory": "512Mi"},
@@ -67,7 +68,7 @@ def with_default_requests(objs: list[dict[str, Any]], defaults: Mapping[str, Map
     table = DEFAULT_REQUESTS if defaults is None else defaults
     for obj in objs:
         for pod in pod_specs(obj):
-            for c in pod.get("containers", []):
+            for c in [*pod.get("initContainers", []), *pod.get("containers", [])]:
                 req = table.get(c["name"])
                 if req and not (c.get("resources") or {}).get("requests"):
                     c.setdefault("resources", {})["requests"] = dict(req)

@@ -63,8 +63,16 @@ def test_mps_job_daemon_servers_and_security() -> None:
     daemon = k["Pod"][0]
     dc = containers(daemon)[0]
     assert dc["resources"] == {"limits": {"nvidia.com/gpu": "1"}, "requests": {"cpu": "50m", "memory": "64Mi"}}
-    assert dc["securityContext"]["runAsUser"] == 0 and dc["securityContext"]["privileged"] is False
-    assert dc["securityContext"]["allowPrivilegeEscalation"] is False
+    # The daemon runs as its clients' UID (a root one without CAP_SETUID cannot serve them); only
+    # the init container that hands it the host directory is root, with CHOWN/DAC_OVERRIDE/FOWNER.
+    assert dc["securityContext"]["runAsUser"] == 1000 and dc["securityContext"]["runAsNonRoot"] is True
+    assert dc["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    (init,) = pod_spec(daemon)["initContainers"]
+    assert init["args"] == ["mps-dir", "/mps", "--owner", "1000:1000"] and init["image"] == dc["image"]
+    assert init["securityContext"]["runAsUser"] == 0 and init["securityContext"]["privileged"] is False
+    assert init["securityContext"]["capabilities"]["add"] == ["CHOWN", "DAC_OVERRIDE", "FOWNER"]
+    assert init["securityContext"]["allowPrivilegeEscalation"] is False and init["resources"]["requests"]
+    assert init["volumeMounts"] == [{"name": "mps", "mountPath": "/mps"}]
     assert pod_spec(daemon)["hostIPC"] is True
     srv = next(d for d in k["Deployment"] if d["metadata"]["name"] == "tj-servers")
     assert srv["spec"]["replicas"] == 4
@@ -144,6 +152,10 @@ def test_daemons_outrank_ordinary_pods_and_a_pool_is_guarded_against_eviction() 
     assert sel <= pool["metadata"]["labels"].items()  # it selects its GPU's pool ...
     assert not sel <= plan_pool("gpu-b", 0, "ops")["metadata"]["labels"].items()  # ... and no other GPU's
     assert not sel <= plan_pool("gpu-a", 1, "ops")["metadata"]["labels"].items()
+    # A pool's daemon, like a job's: the clients' non-root UID; root only in the init container.
+    (pc,), (init,) = pod_spec(pool)["containers"], pod_spec(pool)["initContainers"]
+    assert pc["securityContext"]["runAsUser"] == 1000 and pc["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert init["args"] == ["mps-dir", "/mps", "--owner", "1000:1000"] and init["securityContext"]["runAsUser"] == 0
 
 
 def test_a_daemon_goes_unready_long_before_it_is_killed() -> None:
@@ -345,8 +357,8 @@ def test_pool_mode_servers_join_the_gpu_pool_they_were_placed_on() -> None:
     # On the GPU's tenant list as namespace/name: other jobs' measurements name it (measure_window.py).
     assert env["SHARETUNE_TENANT"] == f"{JOB.namespace}/{JOB.name}"
     assert srv["spec"]["template"]["metadata"]["labels"][POOL_LABEL] == "pool-gpu-b-gpu1"
-    # The pool daemon of that GPU: the operator's namespace, no owner, pinned, one GPU, root only
-    # to hand over its host directory, the same pipe directory.
+    # The pool daemon of that GPU: the operator's namespace, no owner, pinned, one GPU, non-root
+    # (its init container hands it the host directory), the same pipe directory.
     daemon = plan_pool("gpu-b", 1, "sharetune-system", tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}])
     m, dpod, dc = daemon["metadata"], pod_spec(daemon), containers(daemon)[0]
     assert (m["name"], m["namespace"], m["labels"][POOL_LABEL]) == ("pool-gpu-b-gpu1", "sharetune-system",
@@ -355,7 +367,7 @@ def test_pool_mode_servers_join_the_gpu_pool_they_were_placed_on() -> None:
     assert dpod["nodeSelector"] == {"kubernetes.io/hostname": "gpu-b"} and dpod["hostIPC"] is True
     assert dpod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
     assert dc["resources"] == {"limits": {"nvidia.com/gpu": "1"}, "requests": {"cpu": "50m", "memory": "64Mi"}}
-    assert dc["securityContext"]["privileged"] is False and not dc["securityContext"]["allowPrivilegeEscalation"]
+    assert dc["securityContext"]["runAsNonRoot"] and not dc["securityContext"]["allowPrivilegeEscalation"]
     assert next(v for v in dpod["volumes"] if v["name"] == "mps")["hostPath"]["path"] == "/run/sharetune/pools/sharetune-system/gpu-1"
     # No default limits on a shared daemon: each job's servers set their own.
     assert dc["args"] == ["mps-daemon", "--pipe-dir", "/mps/pipe", "--log-dir", "/mps/log", "--client-group", "1000",

@@ -1,6 +1,7 @@
 """`sharetune-tuner`: the processes a TuningJob's pods run (and local mode spawns).
 
   mps-daemon   CUDA MPS control daemon with default limits, health-checked, `quit` on stop
+  mps-dir      give a daemon's host directory to the daemon's non-root user (init container)
   tracker      TVM RPC tracker
   server       TVM RPC server under a key, with MPS thread-percentage / pinned-memory limits
   client       tunes one shard of the model's tasks (resumable)
@@ -83,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--gpu-check", action=argparse.BooleanOptionalAction, default=True,
                    help="require a GPU through NVML before starting (off only for a stand-in control binary in tests)")
     _common(m)
+
+    h = sub.add_parser("mps-dir", help="give an MPS daemon's host directory to the daemon's (non-root) user "
+                       "(a daemon pod's init container, as root)")
+    h.add_argument("dir", type=Path, help="the directory (pipe/ and log/ are made in it)")
+    h.add_argument("--owner", required=True, help="UID:GID the daemon and its clients run as, e.g. 1000:1000")
+    h.add_argument("-v", "--verbose", action="store_true")
 
     t = sub.add_parser("tracker", help="run the TVM RPC tracker")
     t.add_argument("--host", default="0.0.0.0")
@@ -202,6 +209,16 @@ def run(a: argparse.Namespace) -> int:
                                            custom_addr=a.advertise_addr, name=a.name,
                                            require_mps=a.require_mps, mps_wait_s=a.mps_wait_s))
         return _serve(a.metrics_port, server.health, server.serve)
+    if a.cmd == "mps-dir":
+        from .mps import hand_over
+
+        try:
+            uid, gid = (int(x) for x in a.owner.split(":"))
+        except ValueError:
+            raise TunerError(f"--owner {a.owner!r} is not UID:GID: give two numbers, e.g. 1000:1000") from None
+        n = hand_over(a.dir, uid, gid)
+        print(f"{a.dir}: owned by {uid}:{gid} ({n} entries changed)", flush=True)
+        return 0
     if a.cmd == "mps-daemon":
         from .mps import MpsDaemon
 

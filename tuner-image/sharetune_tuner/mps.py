@@ -62,6 +62,34 @@ def wait_for_daemon(timeout_s: float, stop: threading.Event | None = None, poll_
     return Path(pipe)
 
 
+def hand_over(root: Path, uid: int, gid: int) -> int:
+    """Gives a daemon's host directory ``root`` (and everything under it) to ``uid``:``gid`` and
+    makes its ``pipe`` and ``log`` directories; returns how many entries changed owner.
+
+    Why: the MPS control daemon runs as the same non-root UID as its clients (the tuning servers,
+    the merge). A control daemon running as root spawns each client's MPS server under the
+    client's UID, which needs CAP_SETUID/CAP_SETGID; without them a non-root client fails with
+    "MPS client failed to connect" (control.log: "Failed to start server using uid 1000, error:
+    Operation not permitted"), measured on an H100 (bench/h200/mps_isolation_probe.sh). So only
+    this step, an init container of seconds, is root: the kubelet creates a hostPath directory
+    owned by root. Symbolic links are changed themselves, never followed: a client that planted
+    one under the directory cannot make this change a path outside it."""
+    root.mkdir(parents=True, exist_ok=True)
+    for sub in ("pipe", "log"):
+        (root / sub).mkdir(exist_ok=True)
+    changed = 0
+    paths = [root]
+    for top, dirs, files in os.walk(root, followlinks=False):
+        paths.extend(Path(top) / n for n in (*dirs, *files))
+    for path in paths:
+        st = path.lstat()
+        if (st.st_uid, st.st_gid) != (uid, gid):
+            os.lchown(path, uid, gid)
+            changed += 1
+    root.chmod(0o750)  # the daemon and its clients (one UID); no one else on the node
+    return changed
+
+
 def _dies_with(parent: int) -> Callable[[], None]:
     """The control daemon runs in a session of its own (stopped with ``quit``, then its group), so
     a SIGKILLed wrapper would leave it running: in a pod the container's end takes it along, but in

@@ -34,6 +34,11 @@ def mps_daemon(spec: TuningJobSpec, pipe_dir: str, log_dir: str, metrics_port: i
             *_opt("--client-group", client_group), *_opt("--metrics-port", metrics_port)]
 
 
+def mps_dir(path: str, uid: int, gid: int) -> list[str]:
+    """A daemon pod's init container: the host directory handed to the daemon's non-root user."""
+    return ["mps-dir", path, "--owner", f"{uid}:{gid}"]
+
+
 def pool_daemon(pipe_dir: str, log_dir: str, metrics_port: int | None = None,
                 client_group: int | None = None) -> list[str]:
     """A GPU pool's MPS control daemon (mode pool, docs/gpu-pools.md): shared by every job on its
