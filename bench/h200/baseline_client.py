@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -34,9 +33,8 @@ def main() -> int:
     ap.add_argument("--total", type=int, default=None, help="max_trials_global (default: tasks x trials)")
     ap.add_argument("--runner-workers", type=int, default=None, help="RPCRunner max_workers (default: stock, 1)")
     ap.add_argument("--builder-workers", type=int, default=None, help="LocalBuilder max_workers (default: stock)")
-    ap.add_argument("--builder-timeout-s", type=float,
-                    default=float(os.environ["BENCH_BUILDER_TIMEOUT_S"]) if os.environ.get("BENCH_BUILDER_TIMEOUT_S") else None,
-                    help="LocalBuilder timeout_sec (default: stock, 30; or $BENCH_BUILDER_TIMEOUT_S)")
+    ap.add_argument("--builder-timeout-s", type=float, default=None,
+                    help="LocalBuilder timeout_sec (default: stock, 30)")
     ap.add_argument("--scheduler", choices=("gradient", "round-robin"), default="gradient",
                     help="tune_tasks' task_scheduler (default: stock, gradient)")
     ap.add_argument("--count-measured", action="store_true", help="note each measured candidate (measured.py)")

@@ -262,8 +262,6 @@ def tune(a: argparse.Namespace) -> int:
         log(f"warning: {before['left_over_count']} processes of an earlier run are still here (load "
             f"{before['load1']}): {before['left_over'][:3]}")
     ca = _cell_args(a, aid)
-    if a.arm != "sharetune":  # read by baseline_client.py (the cell's child process)
-        os.environ["BENCH_BUILDER_TIMEOUT_S"] = str(a.builder_timeout_s)
     log(f"{aid}: {a.arm} {a.network}, whole model, {a.total} trials, window {a.window_s:.0f} s")
     profiler = _profile_later(aid, a.profile_at_s, a.profile_s, a.profile_native) if a.profile_s else None
     try:
@@ -271,9 +269,10 @@ def tune(a: argparse.Namespace) -> int:
             r = tune_cell.run_sharetune(ca, wd)
         elif a.arm == "stock-tuned":
             r = tune_cell.run_baseline(ca, wd, servers=a.servers, runner_workers=a.servers,
-                                       builder_workers=a.builder_workers or cores, scheduler=STOCK_TUNED_SCHEDULER)
+                                       builder_workers=a.builder_workers or cores, scheduler=STOCK_TUNED_SCHEDULER,
+                                       builder_timeout_s=a.builder_timeout_s)
         else:
-            r = tune_cell.run_baseline(ca, wd)
+            r = tune_cell.run_baseline(ca, wd, builder_timeout_s=a.builder_timeout_s)
     except Exception as e:
         # what there is (records, the logs' tails) comes back for a look; no arm is recorded
         dbs = [str(p.parent.relative_to(wd)) for p in wd.rglob("database_tuning_record.json")]

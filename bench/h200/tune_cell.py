@@ -63,10 +63,12 @@ def _failed(recs: list[Any]) -> int:
 
 
 def run_baseline(a: argparse.Namespace, wd: Path, servers: int = 1, runner_workers: int | None = None,
-                 builder_workers: int | None = None, scheduler: str | None = None) -> dict[str, Any]:
+                 builder_workers: int | None = None, scheduler: str | None = None,
+                 builder_timeout_s: float | None = None) -> dict[str, Any]:
     """Stock MetaSchedule (baseline_client.py) through a tracker and ``servers`` RPC servers on the
     whole GPU (no MPS). ``runner_workers`` / ``builder_workers``: RPCRunner / LocalBuilder
-    max_workers (None: stock); ``scheduler``: tune_tasks' task scheduler (None: stock). With
+    max_workers (None: stock); ``scheduler``: tune_tasks' task scheduler (None: stock);
+    ``builder_timeout_s``: LocalBuilder's timeout (None: stock, 30 s). With
     ``a.window_s`` the client is stopped (its process group) at the window's end, keeping every
     record written so far, and each measured candidate is counted as it is measured
     (``measured_times``: measured.py); ``a.total``: the global budget."""
@@ -100,6 +102,7 @@ def run_baseline(a: argparse.Namespace, wd: Path, servers: int = 1, runner_worke
         extra = [*(["--total", str(total)] if total else []),
                  *(["--runner-workers", str(runner_workers)] if runner_workers else []),
                  *(["--builder-workers", str(builder_workers)] if builder_workers else []),
+                 *(["--builder-timeout-s", str(builder_timeout_s)] if builder_timeout_s else []),
                  *(["--scheduler", scheduler] if scheduler else []),
                  *(["--count-measured"] if window_s else [])]
         client = g.start("client", [sys.executable, str(Path(__file__).with_name("baseline_client.py")),

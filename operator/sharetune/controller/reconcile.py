@@ -127,7 +127,9 @@ def create_children(ctx: Context, body: Any, job: JobRef, s: TuningJobSpec, shar
         patch.status["resultLocation"] = result_location(job, s)
         events.set_phase(ctx.api, body, patch, PENDING, "Created", f"created {created} child objects",
                          generation, status)
-        _say_sized(ctx, body, s, patch, generation)
+        sized = s.shards_sizing()
+        if sized is not None:
+            _say_shards(ctx, body, patch, generation, s.shards, "BudgetBoundsShards", sized)
     metrics.RECONCILE.labels("create").observe(time.monotonic() - t0)
 
 
@@ -301,7 +303,8 @@ def reconcile_status(ctx: Context, body: dict[str, Any], patch: kopf.Patch, snap
             patch.status["conditions"] = improved_condition(patch.status["conditions"], obs.summary,
                                                             meta.get("generation"))
     if obs.clamp is not None:
-        _say_clamped(ctx, body, obs, patch, meta.get("generation"))
+        _say_shards(ctx, body, patch, meta.get("generation"), obs.clamp.shards, "MoreShardsThanTasks",
+                    obs.clamp.message)
     metrics.RECONCILE.labels("status").observe(time.monotonic() - t0)
 
 
@@ -339,30 +342,19 @@ def clamp_clients(ctx: Context, job: JobRef, obs: Observed) -> None:
         log.info("%s/%s: %s", job.namespace, job.name, obs.clamp.message)
 
 
-def _say_sized(ctx: Context, body: Any, s: TuningJobSpec, patch: kopf.Patch, generation: int | None) -> None:
-    """clients.shards above what the budget can give a task: the clients' Job was sized to the
-    budget from the start (spec.shards), said in the status and one Event, as a clamp is."""
-    why = s.shards_sizing()
-    if why is None:
+def _say_shards(ctx: Context, body: Any, patch: kopf.Patch, generation: int | None, shards: int, reason: str,
+                why: str) -> None:
+    """Fewer client shards than ``clients.shards`` asked, in the status (``clientShards``, a
+    ``ShardsClamped`` condition with ``reason``) and one Event; said once per reason. Two reasons:
+    ``BudgetBoundsShards`` (sized at creation: the budget cannot give more shards a task) and
+    ``MoreShardsThanTasks`` (clamped at run time: the model has fewer tasks than shards)."""
+    conds = patch.status["conditions"] if "conditions" in patch.status else \
+        list((body.get("status") or {}).get("conditions") or [])
+    if any(c.get("type") == "ShardsClamped" and c.get("reason") == reason for c in conds):
         return
-    patch.status["clientShards"] = s.shards
-    conds = patch.status["conditions"] if "conditions" in patch.status else list((body.get("status") or {}).get("conditions") or [])
-    patch.status["conditions"] = condition(conds, "ShardsClamped", "True", "BudgetBoundsShards", why, generation)
+    patch.status["clientShards"] = shards
+    patch.status["conditions"] = condition(conds, "ShardsClamped", "True", reason, why, generation)
     events.post(ctx.api, body, "Normal", "ShardsClamped", why)
-
-
-def _say_clamped(ctx: Context, body: dict[str, Any], obs: Observed, patch: kopf.Patch,
-                 generation: int | None) -> None:
-    """The clamp in the status (``clientShards``, a ``ShardsClamped`` condition) and one Event."""
-    assert obs.clamp is not None
-    status = body.get("status") or {}
-    conds = patch.status["conditions"] if "conditions" in patch.status else list(status.get("conditions") or [])
-    if any(c.get("type") == "ShardsClamped" and c.get("reason") == "MoreShardsThanTasks" for c in conds):
-        return
-    patch.status["clientShards"] = obs.clamp.shards
-    patch.status["conditions"] = condition(conds, "ShardsClamped", "True", "MoreShardsThanTasks",
-                                           obs.clamp.message, generation)
-    events.post(ctx.api, body, "Normal", "ShardsClamped", obs.clamp.message)
 
 
 def _last_reason(status: Any) -> str | None:
