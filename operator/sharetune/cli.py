@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
 
-from . import smoke
+from . import run_cli, smoke
 
 COMMANDS_GROUP = "sharetune.commands"  # each entry point: a callable add_parser(sub)
 # The subcommands other distributions of this repository add: command -> (help, distribution, how to
@@ -68,12 +68,6 @@ def _operator() -> Callable[..., None]:
     return operator_main.add_parser
 
 
-def _run() -> Callable[..., None]:
-    from sharetune_tuner import local_cli  # local mode lives with the tuner runtime
-
-    return local_cli.add_parser
-
-
 def _result() -> Callable[..., None]:
     from sharetune_tuner import result_cli  # compiling the tuned model needs TVM
 
@@ -87,9 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(sub, {"operator": "run the TuningJob operator (kopf)"}, "pip install 'sharetune[operator]'", _operator,
          needs=("kopf", "kubernetes"))
     smoke.add_parser(sub)  # imports the kubernetes client (in both extras) only when it runs
-    # Local mode needs the `tuner` extra (TVM, rich ...).
-    _add(sub, {"run": "run a TuningJob (local mode: as processes on this machine)"},
-         "pip install 'sharetune[tuner]'", _run, needs=("tvm",))
+    # --local needs the `tuner` extra (TVM); a cluster, the kubernetes client: each says so when run.
+    run_cli.add_parser(sub)
     _add(sub, {"result": "fetch a job's best records, or compile the model with them"},
          "pip install 'sharetune[tuner]'", _result)
     # Subcommands of other installed distributions (sharetune-dev: `cluster`).

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -230,7 +231,8 @@ def test_a_real_tuning_run_through_the_operator(k8s, cluster, operator, ns, tmp_
                                                 request) -> None:  # type: ignore[no-untyped-def]
     """The test acts as the pods: it runs the very args of the pods' containers (the real tuner
     commands, with the store the operator chose) locally, then reports their exit to the API
-    server like a kubelet would."""
+    server like a kubelet would. The job is submitted as users do, `sharetune run FILE` without
+    --local, which follows it to the end and prints the summary."""
     import os
 
     env = {"KUBECONFIG": str(cluster.kubeconfig)}
@@ -246,7 +248,10 @@ def test_a_real_tuning_run_through_the_operator(k8s, cluster, operator, ns, tmp_
         env.update(AWS_ACCESS_KEY_ID="sharetune", AWS_SECRET_ACCESS_KEY="not-a-real-secret",
                    AWS_DEFAULT_REGION="us-east-1", SHARETUNE_S3_ENDPOINT=s3.endpoint)
     os.environ.update(env)
-    create_job(k8s, ns, tuning_job("real", **spec))
+    submitted = tmp_path / "real.yaml"
+    submitted.write_text(yaml.safe_dump(tuning_job("real", **spec)))
+    cli = subprocess.Popen([sys.executable, "-m", "sharetune.cli", "run", str(submitted), "-n", ns],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **env})
     wait_for("clients Job", lambda: running_pods(k8s, ns, "job-name=real-clients"))
     manifest = client.CoreV1Api(k8s).read_namespaced_config_map("real-spec", ns).data["job.yaml"]
     job_file = tmp_path / "job.yaml"
@@ -283,6 +288,13 @@ def test_a_real_tuning_run_through_the_operator(k8s, cluster, operator, ns, tmp_
         job = wait_for("Succeeded", lambda: (j := get_job(k8s, ns, "real"))["status"].get("phase") == "Succeeded" and j,
                        timeout_s=60)
         st = job["status"]
+        out = cli.communicate(timeout=60)[0]
+        assert cli.returncode == 0, out
+        assert f"tuningjob {ns}/real created" in out and f"tuningjob {ns}/real succeeded in " in out, out
+        assert ": 8 trials" in out and f"sharetune result fetch tj/real -n {ns} -o DIR" in out, out
+        again = subprocess.run([sys.executable, "-m", "sharetune.cli", "run", str(submitted), "-n", ns, "--detach"],
+                               capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+        assert again.returncode == 2 and f"already exists: delete it (kubectl delete tj real -n {ns})" in again.stdout
         # The status carries the merge's measurements (8 trials are too few to promise a speed-up:
         # tuning quality is pinned by the local end-to-end test with a real budget).
         summary = json.loads(client.CoreV1Api(k8s).read_namespaced_config_map("real-result", ns).data["summary.json"])
@@ -316,6 +328,8 @@ def test_a_real_tuning_run_through_the_operator(k8s, cluster, operator, ns, tmp_
         blob = json.dumps(st) + json.dumps(reasons) + json.dumps(json.loads((tmp_path / "fetched" / "summary.json").read_text()))
         assert "not-a-real-secret" not in blob
     finally:
+        if cli.poll() is None:
+            cli.kill()
         for p in reversed(procs):
             p.stop(signal.SIGTERM)
 

@@ -1,4 +1,5 @@
-"""`sharetune run JOB.yaml --local`: run a TuningJob as local processes, with live progress."""
+"""`sharetune run JOB.yaml --local` (parsed by sharetune.run_cli): run a TuningJob as local processes,
+with live progress."""
 
 from __future__ import annotations
 
@@ -15,19 +16,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .interrupts import interrupted, raise_stopped
-
-
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    p = sub.add_parser("run", help="run a TuningJob (local mode: as processes on this machine)")
-    p.add_argument("job", type=Path, nargs="+",
-                   help="TuningJob YAML; several run at once, the cuda ones sharing each GPU through one MPS "
-                        "daemon, admitted by their gpuSharing.share (first come first served)")
-    p.add_argument("--local", action="store_true", required=True,
-                   help="run the topology as local processes (the operator runs it as pods)")
-    p.add_argument("--workdir", type=Path, default=None,
-                   help="default: ./runs/<job name> (several jobs: ./runs, one folder per job)")
-    p.add_argument("--json", type=Path, default=None, help="also write the summary here")
-    p.set_defaults(func=run)
 
 
 def _rate(shards: list[dict[str, Any]], t0: float) -> float:

@@ -531,16 +531,21 @@ def parse_sharing(g: dict[str, Any], s: dict[str, Any], servers: ServerSpec) -> 
                       device_plugin_resource=resource), servers
 
 
+def manifest_doc(source: str | Path) -> dict[str, Any]:
+    """A TuningJob manifest (path or YAML text) as a mapping, unchecked beyond that."""
+    text = _manifest_text(source)
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SpecError(f"not valid YAML: {e}") from None
+    if not isinstance(doc, dict):
+        raise SpecError("a TuningJob manifest must be a YAML mapping")
+    return doc
+
+
 def load_job(source: str | Path | dict[str, Any]) -> TuningJobSpec:
     """Reads a TuningJob manifest (path, YAML text or parsed dict) into a spec."""
-    if isinstance(source, dict):
-        doc = source
-    else:
-        text = _manifest_text(source)
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise SpecError(f"not valid YAML: {e}") from None
+    doc = source if isinstance(source, dict) else manifest_doc(source)
     if not isinstance(doc, dict):
         raise SpecError("a TuningJob manifest must be a YAML mapping")
     check_fields({k: v for k, v in doc.items() if k != "spec"}, "")
