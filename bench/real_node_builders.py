@@ -22,7 +22,6 @@ Writes bench/results/real-node-builders.json after every arm (a pass in progress
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime as dt
 import json
 import os

@@ -6,11 +6,15 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 from kubernetes import client
+
+if TYPE_CHECKING:
+    from sharetune_dev.cluster.harness import LocalCluster
+    from sharetune_dev.cluster.s3 import LocalS3
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +32,7 @@ def cluster() -> Iterator["LocalCluster"]:
 @pytest.fixture(scope="session")
 def k8s(cluster):  # type: ignore[no-untyped-def]
     """A kubernetes ApiClient bound to the session's cluster."""
-    from kubernetes import client, config
+    from kubernetes import config
 
     return config.new_client_from_config(config_file=str(cluster.kubeconfig))
 

@@ -47,6 +47,7 @@ def _generate(a: argparse.Namespace, wd: Path) -> list[dict[str, Any]]:
     by an untrained cost model), as a real first round builds them; IRModules saved as JSON."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
+
     from sharetune_tuner.model import load
     from sharetune_tuner.targets import make_target
     from sharetune_tuner.tasks import extract
@@ -76,11 +77,11 @@ def _generate(a: argparse.Namespace, wd: Path) -> list[dict[str, Any]]:
 def worker(mode: str, cands_file: Path, out_file: Path, art_dir: Path) -> None:
     import tvm
     import tvm_ffi
+
     from sharetune_tuner import nvrtc
+    from sharetune_tuner.build_protocol import ARTIFACT_DIR_ENV
     from sharetune_tuner.builder import build_without_intrinsics, export_shared
     from sharetune_tuner.targets import make_target
-
-    from sharetune_tuner.build_protocol import ARTIFACT_DIR_ENV
 
     os.environ[ARTIFACT_DIR_ENV] = str(art_dir)
     art_dir.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import (RUN_ROOT, append_cell, load_cells, log, mps_env, mps_start, mps_stop, tuner_env)
+from common import RUN_ROOT, append_cell, load_cells, log, mps_env, mps_start, mps_stop, tuner_env
 
 EVAL = "h200-eval.jsonl"
 CELLS = "h200-cells.jsonl"
@@ -83,8 +83,8 @@ def compile_model(db_dirs: list[Path], model_name: str, target_kind: str, wd: Pa
 
 def prepare(run_id: str, model_name: str, target_kind: str) -> None:
     """Merge, compile the model with the best records, build the improving records."""
-    from tvm.s_tir import meta_schedule as ms
     import tvm
+    from tvm.s_tir import meta_schedule as ms
 
     from sharetune_tuner.builder import PooledBuilder
     from sharetune_tuner.targets import make_target

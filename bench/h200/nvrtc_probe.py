@@ -21,6 +21,7 @@ from typing import Any
 def _capture_source(mod_json: str) -> str:
     import tvm
     import tvm_ffi
+
     from sharetune_tuner.builder import build_without_intrinsics
     from sharetune_tuner.targets import make_target
 

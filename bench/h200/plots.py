@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from summarize import RESULTS, _cells, kernel_curve

@@ -68,21 +68,19 @@ def main() -> int:
 
 def _profile(a: argparse.Namespace, out: dict[str, Any], g: Group, wd: Path) -> None:
     t = time.perf_counter()
-    import tvm
     import tvm_ffi
     from tvm import rpc
     from tvm.s_tir import meta_schedule as ms
 
     out["import_tvm_s"] = round(time.perf_counter() - t, 3)
     out["torch_importable"] = _torch_importable()
+    from common import heaviest
     from sharetune_tuner.builder import PooledBuilder, export_shared
     from sharetune_tuner.client import wait_for_tracker
     from sharetune_tuner.model import load
     from sharetune_tuner.runner import SessionRPCRunner
     from sharetune_tuner.targets import make_target
     from sharetune_tuner.tasks import extract
-
-    from common import heaviest
 
     env = tuner_env()
     port = free_port()
@@ -203,11 +201,7 @@ def _profile(a: argparse.Namespace, out: dict[str, Any], g: Group, wd: Path) -> 
         kernel_s.append(statistics.mean(costs))
         del mod, args
 
-        def _clean() -> None:
-            sess.remove(remote)
-            sess.remove(remote + ".so")
-            sess.remove("")
-        _, dt = _t(_clean)
+        _, dt = _t(lambda s=sess: (s.remove(remote), s.remove(remote + ".so"), s.remove("")))
         steps["cleanup"].append(dt)
         t = time.perf_counter()
         del sess, dev, fill

@@ -35,9 +35,9 @@ import shutil
 import statistics
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,7 @@ def _has_gpu() -> bool:
 def _search(arm: str, seed: int, task: int, batch: int, threads: int, out: str) -> dict[str, Any]:
     """One client's first search round of one task with ``arm`` as its cold search."""
     from tvm.s_tir import meta_schedule as ms
+
     from sharetune_tuner.client import ClientConfig, first_round_search, search_strategy
 
     t = _TASKS[task]
@@ -173,11 +174,11 @@ def _us(res: Any) -> float | None:
 
 def measure(a: argparse.Namespace) -> int:
     from tvm.s_tir import meta_schedule as ms
+
+    from common import append_cell, gpu_name
     from sharetune_tuner.builder import PooledBuilder
     from sharetune_tuner.intrinsics import ensure_registered
     from sharetune_tuner.targets import make_target
-
-    from common import append_cell, gpu_name
 
     t_start = time.monotonic()
     ensure_registered()

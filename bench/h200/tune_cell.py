@@ -18,8 +18,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import (RUN_ROOT, Group, Sampler, append_cell, free_port, gpu_name, load_cells, log,
-                    mps_control, parse_cpus, tuner_env)
+from common import (
+    RUN_ROOT,
+    Group,
+    Sampler,
+    append_cell,
+    free_port,
+    gpu_name,
+    load_cells,
+    log,
+    mps_control,
+    parse_cpus,
+    tuner_env,
+)
 
 CELLS = "h200-cells.jsonl"
 

@@ -14,8 +14,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .admission import Gpu, GpuId, JobKey, Ledger, Placement, Request, gpus_of_node, placement_of, placement_status
-from .admission import request_of
+from .admission import (
+    Gpu,
+    GpuId,
+    JobKey,
+    Ledger,
+    Placement,
+    Request,
+    gpus_of_node,
+    placement_of,
+    placement_status,
+    request_of,
+)
 from .api.spec import SpecError, TuningJobSpec, spec_of
 from .api.topology import pool_pod_name
 from .sharing import POOL, SharingConfig

@@ -38,19 +38,39 @@ from typing import Any
 
 import yaml
 
+from .admission import GpuId
 from .api import commands
 from .api.exitcodes import PERMANENT
 from .api.gpuenv import NO_MULTICAST
 from .api.spec import API_GROUP, API_VERSION, KIND, TuningJobSpec
-from .api.topology import (GPU_INDEX_LABEL, JOB_MANIFEST, METRICS_PORT, MODEL_DIR, MODEL_DIR_ENV, MODEL_FILE,
-                           MPS_HOST_ROOT,
-                           POD_WORK_DIR, SERVER_PORT, TRACKER_PORT, ChildNames, configmap_uri, gpu_groups, in_group)
+from .api.topology import (
+    BUILD_AUTHKEY_FILE_ENV,
+    BUILD_KEY_DIR,
+    BUILD_KEY_FILE,
+    BUILD_PORT,
+    GPU_INDEX_LABEL,
+    JOB_MANIFEST,
+    METRICS_PORT,
+    MODEL_DIR,
+    MODEL_DIR_ENV,
+    MODEL_FILE,
+    MPS_HOST_ROOT,
+    POD_WORK_DIR,
+    POOL_LABEL,
+    POOL_NODE_ANNOTATION,
+    SERVER_PORT,
+    TENANT_ENV,
+    TRACKER_PORT,
+    ChildNames,
+    configmap_uri,
+    gpu_groups,
+    in_group,
+    pool_host_dir,
+    pool_pod_name,
+)
 from .api.topology import result_location as _result_location
 from .api.topology import s3_job_prefix as _s3_job_prefix
 from .api.topology import store_uri as _store_uri
-from .api.topology import BUILD_AUTHKEY_FILE_ENV, BUILD_KEY_DIR, BUILD_KEY_FILE, BUILD_PORT
-from .api.topology import POOL_LABEL, POOL_NODE_ANNOTATION, TENANT_ENV, pool_host_dir, pool_pod_name
-from .admission import GpuId
 from .netpolicy import NetworkConfig, job_policy
 from .requests import pod_specs, with_default_requests
 from .sharing import DEVICE_PLUGIN, EXCLUSIVE, POOL, Sharing

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from ..helpers import wait_for  # noqa: F401 (re-exported for the tests)
-from kubernetes.client.rest import ApiException
 
 pytestmark = pytest.mark.cluster
 

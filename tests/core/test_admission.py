@@ -10,8 +10,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sharetune.admission import (DoubleBooking, Gpu, GpuId, Ledger, Placement, Policy, Request, gpus_of_node,
-                                 placement_of, placement_status, request_of)
+from sharetune.admission import (
+    DoubleBooking,
+    Gpu,
+    GpuId,
+    Ledger,
+    Placement,
+    Policy,
+    Request,
+    gpus_of_node,
+    placement_of,
+    placement_status,
+    request_of,
+)
 from sharetune.api.spec import parse_spec
 
 A0, A1, B0 = GpuId("a", 0), GpuId("a", 1), GpuId("b", 0)

@@ -9,8 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sharetune.api.spec import TrialBudget
-from sharetune_tuner.partition import (TaskInfo, budgets, left_at_default, order, partition, shard_of, to_tune,
-                                       useful_minimum, useful_shards)
+from sharetune_tuner.partition import (
+    TaskInfo,
+    budgets,
+    left_at_default,
+    order,
+    partition,
+    shard_of,
+    to_tune,
+    useful_minimum,
+    useful_shards,
+)
 
 
 def tasks_from(costs: list[tuple[float, int]]) -> list[TaskInfo]:

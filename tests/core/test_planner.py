@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from sharetune.planner import JobRef, plan, plan_merge, store_uri
 from sharetune.api.spec import parse_spec
+from sharetune.planner import JobRef, plan, plan_merge, store_uri
 
 JOB = JobRef("tj", "ns1", "uid-1")
 

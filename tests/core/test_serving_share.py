@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from sharetune.api import serving
-from sharetune.planner import JobRef, plan
 from sharetune.api.spec import SpecError, parse_spec
+from sharetune.planner import JobRef, plan
 
 MATRIX = Path(__file__).parents[2] / "bench" / "results" / "h200-quality-matrix.json"
 

@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import json
 
-from sharetune.controller.status import (FAILED, MERGING, PENDING, RUNNING, SUCCEEDED, Observed, ShardView,
-                                         condition, next_phase, progress_fields)
+from sharetune.controller.status import (
+    FAILED,
+    MERGING,
+    PENDING,
+    RUNNING,
+    SUCCEEDED,
+    Observed,
+    ShardView,
+    condition,
+    next_phase,
+    progress_fields,
+)
 
 
 def shard(i: int, state: str, done: int = 0, budget: int = 4, message: str = "") -> ShardView:

@@ -13,7 +13,6 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import asdict
-from pathlib import Path
 
 import pytest
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import yaml
@@ -14,6 +15,9 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from ..helpers import wait_for
+
+if TYPE_CHECKING:
+    from sharetune_dev.cluster.harness import LocalCluster
 
 ROOT = Path(__file__).parents[2]
 CHART = ROOT / "helm" / "sharetune"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from sharetune_dev.manifests import Finding, lint, write
 
 ROOT = Path(__file__).parents[2]

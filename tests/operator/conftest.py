@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-import yaml
 from kubernetes import client
 
 from ..conftest import Operator  # noqa: F401 (the tests restart it)
-
 from ..helpers import wait_for  # noqa: F401 (re-exported for the tests)
 
 GROUP, VERSION, PLURAL = "sharetune.io", "v1alpha1", "tuningjobs"

@@ -232,8 +232,8 @@ def test_missing_s3_secret_is_a_pending_reason_until_it_exists(k8s, operator, ns
 def test_corrupt_onnx_and_unreachable_url_fail_with_the_models_error(k8s, cluster, operator, ns, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Real client processes (the process kubelet runs the pods' commands) meet the bad models."""
     from sharetune.procs import free_port
-
     from sharetune_dev.podsim import ProcessKubelet
+
     from .conftest import create_job, get_job, wait_for
 
     core = client.CoreV1Api(k8s)

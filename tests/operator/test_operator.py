@@ -16,8 +16,18 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from ..tuner.conftest import free_port, registered, tuner, wait_until
-from .conftest import (GROUP, PLURAL, VERSION, Operator, create_job, finish_pod, get_job, running_pods,
-                       tuning_job, wait_for)
+from .conftest import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    Operator,
+    create_job,
+    finish_pod,
+    get_job,
+    running_pods,
+    tuning_job,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.cluster]
 

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from sharetune_dev.cluster.node import RealCluster
 
 
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]

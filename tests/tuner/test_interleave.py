@@ -10,7 +10,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 import tvm_ffi
 
 from sharetune_tuner import records

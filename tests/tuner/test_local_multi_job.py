@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from sharetune_tuner.cpus import cost_model_threads
-from sharetune_tuner.local_pool import LocalPool, host_clients, note_co_tenants, pooled
 from sharetune_tuner.local_multi import load
+from sharetune_tuner.local_pool import LocalPool, host_clients, note_co_tenants, pooled
 
 
 def _write(tmp: Path, name: str, **spec: Any) -> Path:

@@ -35,7 +35,7 @@ from multiprocessing.connection import AuthenticationError, Connection, Listener
 from pathlib import Path
 
 from . import metrics
-from .build_protocol import Item, WireResult, keepalive, accept_handshake, authkey, parse_address
+from .build_protocol import Item, WireResult, accept_handshake, authkey, keepalive, parse_address
 
 log = logging.getLogger("sharetune.build")
 

@@ -226,10 +226,9 @@ def run(a: argparse.Namespace) -> int:
                       require_gpu=a.gpu_check, client_group=a.client_group)
         return _serve(a.metrics_port, d.health, d.run, live=d.live)
     if a.cmd == "build-service":
+        from .build_protocol import AddressError
         from .build_service import BuildService
         from .cpus import available_cpus
-
-        from .build_protocol import AddressError
 
         try:
             svc = BuildService(a.listen, a.workers or available_cpus(), a.timeout)
@@ -270,9 +269,9 @@ def _client(a: argparse.Namespace) -> int:
     try:
         sync = None
         if a.store:
-            from .store import open_store
             from sharetune.api.topology import CLIENT_LOG
 
+            from .store import open_store
             from .sync import ShardSync
 
             a.work_dir.mkdir(parents=True, exist_ok=True)

@@ -14,18 +14,18 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 from sharetune.api.topology import PROGRESS_FILE
 
 from . import measure_window, metrics, records
 from .builder import PooledBuilder
-from .capped_search import CappedSearch, Measured
 from .callbacks import CommitBatch, CostModelUpdate, PhaseExport, ProgressCallback, StoreBatch, WriteAhead
+from .capped_search import CappedSearch, Measured
 from .cpus import cost_model_threads, default_builder_workers
 from .errors import TrackerError, TunerError
 from .intrinsics import ensure_registered

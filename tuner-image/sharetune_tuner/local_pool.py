@@ -24,7 +24,6 @@ from sharetune.admission import Gpu, GpuId, JobKey, Ledger, Placement, Policy, R
 from sharetune.api import commands
 from sharetune.api.spec import TuningJobSpec
 from sharetune.api.topology import gpu_groups
-
 from sharetune.procs import ProcessGroup
 
 from .local import LocalRun, _wait_until

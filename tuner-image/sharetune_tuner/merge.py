@@ -293,7 +293,8 @@ def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> 
         "tasks_default_won": [t["name"] for t in tasks if t["winner"] == DEFAULT],
         "merge_s": round(time.monotonic() - t0, 2),
     }
-    from .serving import measure_one, report as serving_report  # the delivered model at each MPS serving share
+    from .serving import measure_one  # the delivered model at each MPS serving share
+    from .serving import report as serving_report
 
     def measure_alone(lib: Path, inputs: Path, pct: int) -> dict[str, Any]:
         with alone.window():

@@ -56,9 +56,9 @@ def read_config_map_model(name: str, key: str, namespace: str | None) -> bytes:
     kubeconfig; ``namespace`` None = the kubeconfig context's (else ``default``)."""
     where = "spec.model.onnx.configMap"
     try:
+        import urllib3
         from kubernetes import client, config
         from kubernetes.config.config_exception import ConfigException
-        import urllib3
     except ImportError:
         raise ModelError(f"{where}: local mode reads the ConfigMap with the kubernetes Python client, which is not "
                          "installed (pip install kubernetes); or use spec.model.onnx.path with the file") from None

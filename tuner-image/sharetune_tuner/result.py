@@ -34,9 +34,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sharetune.api.spec import (API_GROUP, API_VERSION, PLURAL, ModelSpec, OnnxSource, SpecError, TuningJobSpec,
-                                load_job, parse_spec)
-from sharetune.api.topology import LOCAL_JOB_FILE, MODEL_FILE, RECORDS_FILE, RESULT_OBJECT, SUMMARY_FILE, WORKLOADS_FILE, s3_object_key
+from sharetune.api.spec import (
+    API_GROUP,
+    API_VERSION,
+    PLURAL,
+    ModelSpec,
+    OnnxSource,
+    SpecError,
+    TuningJobSpec,
+    load_job,
+    parse_spec,
+)
+from sharetune.api.topology import (
+    LOCAL_JOB_FILE,
+    MODEL_FILE,
+    RECORDS_FILE,
+    RESULT_OBJECT,
+    SUMMARY_FILE,
+    WORKLOADS_FILE,
+    s3_object_key,
+)
 
 from .errors import TunerError
 

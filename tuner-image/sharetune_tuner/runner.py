@@ -17,6 +17,7 @@ workers (and uses the stock per-candidate sessions when there are fewer servers 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from typing import Any
@@ -80,8 +81,8 @@ def _measure(rpc_config: RPCConfig, evaluator_config: EvaluatorConfig, alloc_rep
         sess.upload(artifact_path, remote)
         mod = sess.load_module(remote)
         args = _args(sess, dev, args_info, alloc_repeat)
-        costs = measure_window.run_in_window(_SESSION["window"],
-                                             lambda: run_evaluator_common(mod, dev, evaluator_config, args))
+        costs = measure_window.run_in_window(
+            _SESSION["window"], functools.partial(run_evaluator_common, mod, dev, evaluator_config, args))
         del mod
         sess.remove(remote)
         return costs

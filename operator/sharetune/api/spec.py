@@ -243,7 +243,7 @@ def _get(d: dict[str, Any], key: str, typ: type | tuple[type, ...], default: Any
         return default
     v = d[key]
     # bool is an int in Python; a YAML `true` must not pass for a count.
-    if isinstance(v, bool) and typ is not bool and (typ == int or (isinstance(typ, tuple) and bool not in typ)):
+    if isinstance(v, bool) and typ is not bool and (typ is int or (isinstance(typ, tuple) and bool not in typ)):
         raise SpecError(f"{where}.{key}: expected {getattr(typ, '__name__', typ)}, got boolean {v!r}")
     if not isinstance(v, typ):
         name = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)

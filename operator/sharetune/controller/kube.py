@@ -52,7 +52,7 @@ def is_rejection(e: ApiException) -> bool:
 
 
 def reason(e: ApiException) -> str:
-    
+
     try:
         return str(json.loads(e.body).get("message", e.reason))
     except (TypeError, ValueError):

@@ -19,17 +19,40 @@ from typing import Any
 import kopf
 from kubernetes import client
 
-from ..api.spec import API_GROUP, API_VERSION, PLURAL, SpecError, TuningJobSpec, check_image_allowed, check_runs_on_cluster, spec_of, ttl_of
-from ..api.topology import ChildNames
-from ..planner import JobRef, daemon_names, plan, plan_merge, result_location, servers_scale
 from ..admission import placement_of
+from ..api.spec import (
+    API_GROUP,
+    API_VERSION,
+    PLURAL,
+    SpecError,
+    TuningJobSpec,
+    check_image_allowed,
+    check_runs_on_cluster,
+    spec_of,
+    ttl_of,
+)
+from ..api.topology import ChildNames
 from ..gpushare import WAITING, device_plugin_message
+from ..planner import JobRef, daemon_names, plan, plan_merge, result_location, servers_scale
 from ..sharing import DEVICE_PLUGIN, EXCLUSIVE, POOL, Sharing
 from . import events, gpupool, kube, metrics
 from .context import Context
 from .observe import Snapshot, observe, snapshot
-from .status import (FAILED, FINAL, PENDING, SUCCEEDED, DaemonView, Observed, condition, improved_condition,
-                     mps_recovery, next_phase, now, progress_fields, result_fields)
+from .status import (
+    FAILED,
+    FINAL,
+    PENDING,
+    SUCCEEDED,
+    DaemonView,
+    Observed,
+    condition,
+    improved_condition,
+    mps_recovery,
+    next_phase,
+    now,
+    progress_fields,
+    result_fields,
+)
 
 log = logging.getLogger("sharetune.operator")
 
@@ -256,7 +279,7 @@ def _release_gpu_share(ctx: Context, body: dict[str, Any], job: JobRef, s: Tunin
 
 def reconcile_status(ctx: Context, body: dict[str, Any], patch: kopf.Patch, snap: Snapshot) -> None:
     t0 = time.monotonic()
-    meta, spec, status = body["metadata"], body.get("spec") or {}, body.get("status") or {}
+    meta, status = body["metadata"], body.get("status") or {}
     name, namespace = meta["name"], meta["namespace"]
     phase = status.get("phase")
     if phase in FINAL:
