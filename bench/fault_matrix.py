@@ -30,7 +30,8 @@ def main() -> int:
     rows = [json.loads(line) for line in rows_file.read_text().splitlines() if line.strip()]
     out = {
         "what": "A 16-trial tiny_cnn CPU TuningJob (2 shards, 2 servers) on the local control plane, operator as a "
-                "process, the pods' tuner commands run by devtools/sharetune_dev/podsim.py; one fault injected once >= 4 "
+                "process, the pods' tuner commands run by devtools/sharetune_dev/podsim.py; one fault injected "
+                "once >= 4 "
                 "trials are done. The MPS row runs a cuda+MPS job's pods on the CPU with a stand-in MPS control "
                 "binary (no GPU here): it tests detection and recovery, not the NVIDIA daemon.",
         "goal": "every row job_succeeded with records_lost = 0",

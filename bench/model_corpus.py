@@ -205,7 +205,9 @@ def main() -> int:
                 row[k] = run.get(k)
             if "error" in run:
                 row["error"] = run["error"]
-            print(f"  -> {json.dumps({k: run.get(k) for k in ('wall_s', 'trials', 'latency_untuned_ms', 'latency_tuned_ms', 'speedup', 'speedup_of_records', 'error')})}",
+            print("  -> " + json.dumps({k: run.get(k) for k in ("wall_s", "trials", "latency_untuned_ms",
+                                                                 "latency_tuned_ms", "speedup", "speedup_of_records",
+                                                                 "error")}),
                   flush=True)
         rows.append(row)
     command = "bench/model_corpus.py " + " ".join(sys.argv[1:])

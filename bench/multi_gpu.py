@@ -88,7 +88,8 @@ def main() -> int:
     base = next((r["trials_per_s"] for r in rows if r["gpus"] == 1 and r["trials_per_s"]), None)
     for r in rows:
         r["scaling_efficiency"] = round(r["trials_per_s"] / r["gpus"] / base, 3) if base and r["trials_per_s"] else None
-    result = {"what": f"{a.model}, {a.trials} trials, {a.servers} servers/GPU at {a.pct}% under one MPS daemon per GPU, "
+    result = {"what": f"{a.model}, {a.trials} trials, {a.servers} servers/GPU at {a.pct}% "
+                      "under one MPS daemon per GPU, "
                       f"{a.clients_per_gpu} clients/GPU, one tracker key", "gpus_visible": have,
               "cpus": os.cpu_count(), "goal": ">= 0.85 scaling efficiency at 2 GPUs", "rows": rows}
     (ROOT / "bench" / "results" / "multi-gpu.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -39,7 +39,8 @@ def main() -> int:
     try:
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         ext = client.ApiextensionsV1Api(api)
-        ext.create_custom_resource_definition(yaml.safe_load((ROOT / "crds" / "tuningjobs.sharetune.io.yaml").read_text()))
+        ext.create_custom_resource_definition(
+            yaml.safe_load((ROOT / "crds" / "tuningjobs.sharetune.io.yaml").read_text()))
         time.sleep(2)
         env = {**cluster.env(), "SHARETUNE_STATUS_INTERVAL": "3"}
         metrics_port = free_port()

@@ -112,7 +112,8 @@ def main() -> int:
                "reps", "jobs", "shards", "trials", "per_task", "per_iter")},
            "wall_ratio_after_before": geomean(wall), "wall_ratio_worst": round(max(wall), 3),
            "cost_model_ratio_after_before": geomean(cm) if cm else None,
-           "arms": {arm: {"wall_s_geomean": geomean([r["wall_s"] for r in rs]), "runs": rs} for arm, rs in runs.items()}}
+           "arms": {arm: {"wall_s_geomean": geomean([r["wall_s"] for r in rs]), "runs": rs}
+                    for arm, rs in runs.items()}}
     Path(a.out).write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps({k: v for k, v in res.items() if k != "arms"}, indent=2))
     return 0

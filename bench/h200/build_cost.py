@@ -177,7 +177,8 @@ def summarize(out_path: Path) -> dict[str, Any]:
     gm = lambda xs: round(statistics.geometric_mean(xs), 3) if xs else None  # noqa: E731
     st = [v["trials_per_s"] for v in cells.values() if v["nvrtc_mode"] == "stock"]
     pc = [v["trials_per_s"] for v in cells.values() if v["nvrtc_mode"] == "hoist-pch"]
-    summary = {"runs": runs, "headline_cell": {"cells": cells, "trials_per_s_geomean": {"stock": gm(st), "hoist-pch": gm(pc)},
+    summary = {"runs": runs, "headline_cell": {"cells": cells,
+                                               "trials_per_s_geomean": {"stock": gm(st), "hoist-pch": gm(pc)},
                                                "ratio_geomean": round(gm(pc) / gm(st), 3) if st and pc else None,
                                                "ratio_worst": round(min(pc) / max(st), 3) if st and pc else None}}
     out_path.write_text(json.dumps(summary, indent=1) + "\n")

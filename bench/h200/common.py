@@ -181,8 +181,8 @@ def mps_stop() -> None:
 # worker) takes its parent's role. TVM's popen workers do what their parent sends them: the build
 # service's build ("build"); a stock client's build and run its candidates ("client-popen-workers").
 ROLE_MARKERS: tuple[tuple[str, str], ...] = (
-    ("nvidia-cuda-mps", "mps"), ("build-service", "build"), ("rpc_tracker", "tracker"), ("rpc_server", "server"), ("cli server", "server"),
-    ("cli tracker", "tracker"), ("client", "client"))
+    ("nvidia-cuda-mps", "mps"), ("build-service", "build"), ("rpc_tracker", "tracker"), ("rpc_server", "server"),
+    ("cli server", "server"), ("cli tracker", "tracker"), ("client", "client"))
 
 
 def process_role(argv: list[str], parent_role: str | None) -> str:

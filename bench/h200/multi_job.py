@@ -122,9 +122,9 @@ def tune(a: argparse.Namespace) -> int:
                       "thread_pct": a.share // a.servers, "trials": a.trials, "per_task": a.per_task,
                       "per_iter": a.per_iter, "target": a.target},
             "wall_s": round(t1 - t0, 1), "records": sum(j.get("records", 0) for j in jobs),
-            "jobs": [{**{k: j.get(k) for k in ("job", "state", "records", "wall_s", "trials_per_s", "latency_untuned_ms",
-                                                "latency_tuned_ms", "speedup", "co_tenants", "gpu", "share",
-                                                "measurement")},
+            "jobs": [{**{k: j.get(k) for k in ("job", "state", "records", "wall_s", "trials_per_s",
+                                                "latency_untuned_ms", "latency_tuned_ms", "speedup", "co_tenants",
+                                                "gpu", "share", "measurement")},
                       # per task: best latency as measured while tuning (beside co-tenants in the pool
                       # arm) and the same record re-measured by the merge alone (exclusive window)
                       "tasks": [{k: t.get(k) for k in ("name", "trials", "best_latency_us", "tuned_us")}
@@ -339,7 +339,8 @@ def summarize(a: argparse.Namespace) -> int:
                                            if r["jobs"][job].get("latency_measured_by")}),
             "co_tenancy_shift": geomean(shift) if shift else None,
             "co_tenancy_shift_range": [min(shift), max(shift)] if shift else None}
-    allshift = [r["jobs"][j]["co_tenancy_shift"] for r in runs for j in r["jobs"] if r["jobs"][j].get("co_tenancy_shift")]
+    allshift = [r["jobs"][j]["co_tenancy_shift"] for r in runs for j in r["jobs"]
+                if r["jobs"][j].get("co_tenancy_shift")]
     if allshift:
         res["co_tenancy_shift"] = {"geomean": geomean(allshift), "min": min(allshift), "max": max(allshift)}
     path = Path(a.out)

@@ -176,7 +176,8 @@ def _rounds(plt: Any, tuning: dict[str, Any], keys: list[str], file: str, title:
     colours = [palette[f"{r.get('round') or 'r1-r2'}/{r['model']}"] for r in rows]
     ax[0].bar(names, [r["throughput_ratio"] for r in rows], color=colours)
     for i, r in enumerate(rows):
-        ax[0].text(i, r["throughput_ratio"], f"{r['throughput_ratio']:.2f}x\n{r['wall_s']:.0f} s, cpu {r['cpu_util_mean_pct']:.0f}%",
+        ax[0].text(i, r["throughput_ratio"],
+                   f"{r['throughput_ratio']:.2f}x\n{r['wall_s']:.0f} s, cpu {r['cpu_util_mean_pct']:.0f}%",
                    ha="center", va="bottom", fontsize=8)
     ax[0].axhline(5, ls="--", color="k", lw=1)
     ax[0].set_ylim(0, 1.2 * max(r["throughput_ratio"] for r in rows))
@@ -213,7 +214,8 @@ def search_quality(plt: Any) -> None:
             xs = sorted(x for r in rows if r["task_name"] == task for x in r["arms"][arm]["us"] if x is not None)
             lo, hi = min(lo, xs[0]), max(hi, xs[len(xs) // 2])
             ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", color=colors.get(arm),
-                    label=f"{arm}: E[best of {sq['batch']}] {sq['per_task'][task][arm]['expected_best_of_batch_us']:.0f} us")
+                    label=f"{arm}: E[best of {sq['batch']}] "
+                          f"{sq['per_task'][task][arm]['expected_best_of_batch_us']:.0f} us")
         ax.set_xscale("log")
         ax.set_xlim(0.9 * lo, 1.1 * hi)
         ax.xaxis.set_minor_formatter(plt.NullFormatter())
@@ -222,7 +224,8 @@ def search_quality(plt: Any) -> None:
         ax.set_xlabel("candidate latency, us (alone on the GPU)", fontsize=8)
         ax.legend(fontsize=7, loc="upper left")
     axes.flat[0].set_ylabel("fraction of candidates at or below")
-    summary = ", ".join(f"{a} {v['best_of_batch_vs_evolutionary_geomean']:.2f}x ({v['search_cpu_s_vs_evolutionary']:.2f}x CPU)"
+    summary = ", ".join(f"{a} {v['best_of_batch_vs_evolutionary_geomean']:.2f}x "
+                        f"({v['search_cpu_s_vs_evolutionary']:.2f}x CPU)"
                         for a, v in sq["arms"].items() if a != "evolutionary")
     fig.suptitle(f"{sq['model']}: first-round candidates of each cold search, {sq['rows']} (seed, task) rounds; "
                  f"a round's best vs evolutionary: {summary}", fontsize=10)
@@ -243,7 +246,8 @@ def multi_job(plt: Any) -> None:
     ax[0].bar([i + 0.2 for i in x], [r["makespan_s"]["concurrent"] for r in runs], 0.4, label="one pool, concurrent",
               color="tab:blue")
     for i, r in enumerate(runs):
-        ax[0].text(i + 0.2, r["makespan_s"]["concurrent"], f"{r['makespan_ratio']:.2f}x\nGPU {r['gpu_util_mean']['concurrent']:.0f}%"
+        ax[0].text(i + 0.2, r["makespan_s"]["concurrent"],
+                   f"{r['makespan_ratio']:.2f}x\nGPU {r['gpu_util_mean']['concurrent']:.0f}%"
                    f"\nCPU {r['cpu_util_mean']['concurrent']:.0f}%", ha="center", va="bottom", fontsize=8)
     ax[0].set_xticks(list(x), [f"seed {r['seed']}" for r in runs])
     ax[0].set_ylabel("makespan of the three jobs, s")
@@ -272,7 +276,8 @@ def multi_job(plt: Any) -> None:
     ax[1].legend(fontsize=8)
     phases = [("build_s", "builds"), ("cost_model_s", "cost model"), ("sample_init_s", "init. population"),
               ("measure_s", "measuring"), ("first_records_s", "to first records")]
-    means = {arm: [sum(r["jobs"][j]["cpu_phases_per_shard"][arm][k] for r in runs for j in jobs) / (len(runs) * len(jobs))
+    means = {arm: [sum(r["jobs"][j]["cpu_phases_per_shard"][arm][k] for r in runs for j in jobs)
+                   / (len(runs) * len(jobs))
                    for k, _ in phases] for arm in ("solo", "pool")}
     for k, (arm, color) in enumerate((("solo", "grey"), ("pool", "tab:blue"))):
         ax[2].bar([i + (k - 0.5) * 0.4 for i in range(len(phases))], means[arm], 0.4, color=color, label=arm)

@@ -265,8 +265,10 @@ def _profile(a: argparse.Namespace, out: dict[str, Any], g: Group, wd: Path) -> 
         "session_per_candidate_s": round(dt_sess_warm / n, 4),
         "stock_errors": sum(r.error_msg is not None for r in rr),
         "session_errors": sum(r.error_msg is not None for r in rs1 + rs2),
-        "stock_kernel_s": [round(statistics.mean([float(x) for x in r.run_secs]), 7) for r in rr if r.error_msg is None][:8],
-        "session_kernel_s": [round(statistics.mean([float(x) for x in r.run_secs]), 7) for r in rs2 if r.error_msg is None][:8],
+        "stock_kernel_s": [round(statistics.mean([float(x) for x in r.run_secs]), 7) for r in rr
+                           if r.error_msg is None][:8],
+        "session_kernel_s": [round(statistics.mean([float(x) for x in r.run_secs]), 7) for r in rs2
+                             if r.error_msg is None][:8],
     }
     for r in rr + rs1:
         if r.error_msg is not None:

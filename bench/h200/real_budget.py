@@ -244,7 +244,8 @@ def tune(a: argparse.Namespace) -> int:
         return 0
     others = [c for arm in ARMS if (c := load_cells(ARMS_FILE).get(arm_id(a.network, a.seed, arm)))]
     if any(c.get("machine") != machine_id() for c in others):
-        log(f"warning: {', '.join(c['id'] for c in others)} ran on another machine ({others[0].get('machine')}, this one "
+        log(f"warning: {', '.join(c['id'] for c in others)} ran on another machine "
+            f"({others[0].get('machine')}, this one "
             f"is {machine_id()}): the arms of one comparison must share one; rerun them here with --force")
     cores = len(os.sched_getaffinity(0))
     if a.arm != "stock":
@@ -343,7 +344,8 @@ def _profile_later(aid: str, at_s: float, for_s: float, native: bool = False) ->
         import psutil
 
         time.sleep(at_s)
-        exe = shutil.which("py-spy") or next((str(x) for x in [Path(sys.executable).parent / "py-spy"] if x.exists()), None)
+        exe = shutil.which("py-spy") or next(
+            (str(x) for x in [Path(sys.executable).parent / "py-spy"] if x.exists()), None)
         if exe is None:
             log("profile: py-spy not installed (pip install .device/py-spy/*.whl): skipped")
             return
@@ -579,7 +581,8 @@ def measure_plan(a: argparse.Namespace, root: Path, plan: dict[str, Any]) -> dic
             curve.append({"t": p["t"], "records": p["records"], "best_records": p["best_records"],
                           "median_ms": m.get("median_ms"), "min_ms": m.get("min_ms"),
                           "rel_err": m.get("rel_err_vs_first"), **({"error": m["error"]} if "error" in m else {})})
-        out_arms[arm] = {"run": plan["runs"][arm], "curve": curve, "final_ms": curve[-1]["median_ms"] if curve else None}
+        out_arms[arm] = {"run": plan["runs"][arm], "curve": curve,
+                         "final_ms": curve[-1]["median_ms"] if curve else None}
     return {"id": eval_id(a.network, a.seed), "network": a.network, "seed": a.seed, "target": a.target,
             "gpu": gpu_name(), "machine": machine_id(), "untuned_ms": base.get("median_ms"),
             "untuned_min_ms": base.get("min_ms"), "arms": out_arms, "checkpoints": plan["checkpoints"],
@@ -831,7 +834,8 @@ def summarize(a: argparse.Namespace) -> int:
             "latency_ratio": "sharetune's end-to-end latency at the window's end / the baseline's "
                              "(compile_relax with the best record per task, relax VM, median of 10 rounds >= 100 ms, "
                              "whole GPU, no MPS, all models of one (network, seed) measured in one process)",
-            "time_to_quality_ratio": f"time the baseline needed to reach its final latency (within {a.tolerance:.0%}) / "
+            "time_to_quality_ratio": "time the baseline needed to reach its final latency "
+                                     f"(within {a.tolerance:.0%}) / "
                                      "time sharetune needed to reach it; times are checkpoints (the curve is "
                                      "measured at them); None with time_to_quality_ratio_below when sharetune "
                                      "never reached it",
@@ -897,7 +901,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--target", default="cuda")
     t.add_argument("--total", type=int, default=TOTAL, help="trial budget (all arms)")
     t.add_argument("--servers", type=int, default=None,
-                   help=f"stock-tuned: servers = runner workers ({STOCK_TUNED_SERVERS}); sharetune: servers ({ST_SERVERS})")
+                   help=f"stock-tuned: servers = runner workers ({STOCK_TUNED_SERVERS}); "
+                        f"sharetune: servers ({ST_SERVERS})")
     t.add_argument("--builder-workers", type=int, default=None, help="stock-tuned: LocalBuilder workers (cores)")
     t.add_argument("--builder-timeout-s", type=float, default=STOCK_BUILDER_TIMEOUT_S,
                    help="stock arms: LocalBuilder timeout_sec (TVM's default: 30)")

@@ -107,7 +107,8 @@ def _search(arm: str, seed: int, task: int, batch: int, threads: int, out: str) 
         strategy=search_strategy(cfg, first_round_search(cfg, cost_model, 0) or "evolutionary"),
         num_threads=threads, seed=seed * 1000 + task)
     ctx = ctxs[0]
-    ctx.pre_tuning(max_trials=batch, num_trials_per_iter=batch, design_spaces=ctx.space_generator.generate_design_space(ctx.mod),
+    ctx.pre_tuning(max_trials=batch, num_trials_per_iter=batch,
+                   design_spaces=ctx.space_generator.generate_design_space(ctx.mod),
                    database=ms.database.MemoryDatabase(), cost_model=cost_model)
     cands = list(ctx.search_strategy.generate_measure_candidates() or [])
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -218,7 +219,8 @@ def measure(a: argparse.Namespace) -> int:
             results = [f.result() for f in futs]
             lat = [_us(r) for r in results]
             run_errors = {str(r.error_msg)[-300:] for r in results if r.error_msg is not None}
-            row: dict[str, Any] = {"id": f"{a.model}-s{key[0]}-t{key[1]}", "model": a.model, "seed": key[0], "task": key[1],
+            row: dict[str, Any] = {"id": f"{a.model}-s{key[0]}-t{key[1]}", "model": a.model, "seed": key[0],
+                                   "task": key[1],
                                    "task_name": next(iter(metas.values()))["task_name"], "gpu": gpu_name(),
                                    "build_s": round(t_built - t0, 1), "run_s": round(time.monotonic() - t_built, 1),
                                    "run_errors": sorted(run_errors)[:3], "arms": {}}
@@ -312,7 +314,8 @@ def summarize(a: argparse.Namespace) -> dict[str, Any]:
                                 "p10_us": round(sorted(pooled[arm][t])[len(pooled[arm][t]) // 10], 2),
                                 "expected_best_of_batch_us": round(expected_best(pooled[arm][t], batch), 2)}
                           for arm in arms if pooled[arm].get(t)}
-    out: dict[str, Any] = {"model": a.model, "target": a.target, "rows": len(rows), "seeds": sorted({r["seed"] for r in rows}), "batch": batch,
+    out: dict[str, Any] = {"model": a.model, "target": a.target, "rows": len(rows),
+                           "seeds": sorted({r["seed"] for r in rows}), "batch": batch,
                            "gpu": rows[0].get("gpu"), "evaluator": EVALUATOR, "per_task": per_task, "arms": {}}
     for arm in arms:
         lost = sum(batch - sum(1 for x in r["arms"][arm]["us"] if x is not None) for r in rows)
@@ -340,8 +343,10 @@ def summarize(a: argparse.Namespace) -> dict[str, Any]:
                 rows_by_seed, lambda pick: _expected_ratio(pick, arm, batch), 1000, 1)]  # noqa: B023 (used at once)
             if len(best_pairs) > 1 else None,
             "median_vs_evolutionary_geomean": round(_gm(med_ratio), 4) if med_ratio else None,
-            "search_cpu_s_median": round(statistics.median(cpu), 2), "search_s_median": round(statistics.median(wall), 2),
-            "search_cpu_s_vs_evolutionary": round(sum(cpu) / sum(r["arms"]["evolutionary"]["search_cpu_s"] for r in rows), 3),
+            "search_cpu_s_median": round(statistics.median(cpu), 2),
+            "search_s_median": round(statistics.median(wall), 2),
+            "search_cpu_s_vs_evolutionary": round(
+                sum(cpu) / sum(r["arms"]["evolutionary"]["search_cpu_s"] for r in rows), 3),
         }
     noise = [abs(b / a_ - 1) for r in rows for a_, b in r.get("remeasured", []) if a_ and b]
     out["remeasure_abs_diff_median"] = round(statistics.median(noise), 4) if noise else None

@@ -92,7 +92,8 @@ def group_rows(cells: dict[str, dict[str, Any]], ev: dict[str, Any], base: dict[
             st = c["client_startup"]
             row["client_startup_s"] = {k: round(max(x.get(k, 0.0) for x in st), 2)
                                        for k in ("before_run_client_s", "extract_s", "intrinsics_s", "tracker_wait_s")}
-            row["client_startup_s"]["intrinsics_from"] = sorted({x.get("intrinsics") for x in st if x.get("intrinsics")})
+            row["client_startup_s"]["intrinsics_from"] = sorted({x.get("intrinsics") for x in st
+                                                                 if x.get("intrinsics")})
         if e:
             row["e2e_latency_ms_100pct_no_mps"] = e["e2e_100_nomps"]["median_ms"]
             row["latency_ratio"] = round(e["e2e_100_nomps"]["median_ms"] / base_e2e, 4) if base_e2e else None
@@ -125,7 +126,8 @@ def over_seeds(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in rows:
         if r["mode"] == "sharetune" and "latency_ratio" in r and r["throughput_ratio"] is not None:
-            groups.setdefault((r["clients_M"], r["servers_N"], r["thread_pct_P"], r["candidates_per_round"]), []).append(r)
+            groups.setdefault((r["clients_M"], r["servers_N"], r["thread_pct_P"], r["candidates_per_round"]),
+                              []).append(r)
 
     gmean = statistics.geometric_mean
 
@@ -197,7 +199,8 @@ def shared_builder_ab(cells: dict[str, dict[str, Any]], ev: dict[str, Any]) -> d
     def arm(shared: bool) -> dict[str, Any]:
         runs = [cells[i] for i in ids if bool(cells[i].get("shared_builder")) == shared]
         walls = [c["wall_s"] for c in runs]
-        return {"runs": [{"id": c["id"], "seed": c["seed"], "wall_s": c["wall_s"], "cpu_util_mean_pct": c["cpu_util_mean"],
+        return {"runs": [{"id": c["id"], "seed": c["seed"], "wall_s": c["wall_s"],
+                          "cpu_util_mean_pct": c["cpu_util_mean"],
                           "slowest_shard_build_s": round(max(p.get("SendToBuilder", 0.0) for p in c["phases"]), 1),
                           "failed": c["failed"]} for c in runs],
                 "wall_s_gmean": round(statistics.geometric_mean(walls), 2),
@@ -273,7 +276,8 @@ def main() -> int:
         },
         "headline": ("'headline_config_across_rounds' is the claim: the best configuration over every round "
                      "and seed of the kept code (r3, r4, r6; 'headline_config_rounds_r3_r4' is the previous "
-                     "session's claim, 'shared_builder_ab' the build-service comparison). Below it, the best single round: "
+                     "session's claim, 'shared_builder_ab' the build-service comparison). "
+                     "Below it, the best single round: "
                      "round r3 (2026-12-02, session 3): the tensor-intrinsics cache in every client, and 16 "
                      "candidates per round (= the baseline's batch per task, i.e. one search round per task) "
                      "in the i16 cells; baseline re-run on the same machine in the same session. 'baseline', "
@@ -312,7 +316,8 @@ def main() -> int:
             "109.9 s against own pools 69.9, 99.8, 103.4 s (geometric means 86.9 vs 89.7 s, 3%; CPU 71.5% vs "
             "72.9%): not distinguishable at this noise. What makes the three slowest runs (one with the service, "
             "two with own pools) is one shard's batch: its SendToBuilder took 52-64 s against 19-40 s for the "
-            "other shards of the run, i.e. slow candidate builds that neither pool shape shortens. On the 2-core CPU machine the "
+            "other shards of the run, i.e. slow candidate builds that neither pool shape shortens. "
+            "On the 2-core CPU machine the "
             "service cut the quickstart's tuning from 48.8-50.2 s to 41.3-42.3 s (two A/B pairs).",
             "Round r4 (2026-12-03): services wait for readiness instead of fixed sleeps (MPS daemon ready "
             "marker, tracker listening), 0.25 s polls, and no cost-model training after a shard's last batch. "
@@ -408,7 +413,8 @@ def main() -> int:
             continue
         rows.append({"run": r["id"], "mode": r["mode"], "tuned_at_pct": r["thread_pct_P"],
                      "tuned_under_mps": r["mps"],
-                     "latency_ms_by_serve_pct": {k: (v or {}).get("median_ms") for k, v in e["e2e_by_serve_pct"].items()},
+                     "latency_ms_by_serve_pct": {k: (v or {}).get("median_ms")
+                                                 for k, v in e["e2e_by_serve_pct"].items()},
                      "latency_ms_100pct_no_mps": e["e2e_100_nomps"]["median_ms"]})
     untuned = next((e["untuned_by_serve_pct"] for e in ev.values() if e.get("untuned_by_serve_pct")), {})
     serve = sorted({int(k) for r in rows for k in r["latency_ms_by_serve_pct"]})
@@ -458,7 +464,8 @@ def main() -> int:
     (RESULTS / "h200-quality-matrix.json").write_text(json.dumps(qm, indent=2))
     _plot(configs, ev, weights, base, qm)
     print(json.dumps({"best": best["id"], "throughput_ratio": best["throughput_ratio"],
-                      "latency_ratio": best.get("latency_ratio"), "time_to_quality_ratio": best.get("time_to_quality_ratio"),
+                      "latency_ratio": best.get("latency_ratio"),
+                      "time_to_quality_ratio": best.get("time_to_quality_ratio"),
                       "recommended": qm["recommended"]}, indent=1))
     return 0
 

@@ -141,7 +141,8 @@ def run_baseline(a: argparse.Namespace, wd: Path, servers: int = 1, runner_worke
         info = json.loads((wd / "client.json").read_text())
     return {"t0": t0, "t1": t1, "db_dirs": [str(db)], "sampler": sampler, "phases": [info["phases"]],
             "tasks": info["tasks"],
-            **({"stopped_at_window": stopped_at_window, "measured_times": read_times(measured_log)} if window_s else {})}
+            **({"stopped_at_window": stopped_at_window, "measured_times": read_times(measured_log)}
+               if window_s else {})}
 
 
 def _mps_servers(wd: Path) -> str:
@@ -258,7 +259,8 @@ spec:
                   for t in pr.get("tasks", [])]
     return {"t0": t0, "t1": t1, "db_dirs": [str(d) for d in dbs], "sampler": sampler, "phases": phases,
             "builder": (f"{len(pod_cpus)} build services over TCP (RemoteBuilder)" if pod_cpus else
-                        "build service: one PooledBuilder for all clients" if shared else "PooledBuilder in each client")
+                        "build service: one PooledBuilder for all clients" if shared else
+                        "PooledBuilder in each client")
                        + " (build_without_intrinsics, export .so)",
             "cores": topo_cpus, "builder_pods": len(pod_cpus), "builder_pod_cpus": pod_cpus,
             "builder_logs": {p.name: _build_counts(wd / "logs" / f"{p.name}.log")

@@ -52,7 +52,8 @@ class TickPlan:
     admit: dict[JobKey, dict[str, Any]] = field(default_factory=dict)  # status.gpuPlacement to write
     waiting: dict[JobKey, tuple[int, str]] = field(default_factory=dict)  # queue position, message
     never: dict[JobKey, str] = field(default_factory=dict)  # cannot fit on this cluster: why
-    create_pools: dict[str, GpuId] = field(default_factory=dict)  # pool pods to create (absent, or replacing a failed one)
+    # pool pods to create (absent, or replacing a failed one)
+    create_pools: dict[str, GpuId] = field(default_factory=dict)
     replace_pools: list[str] = field(default_factory=list)  # failed pool pods to delete first
     mark_idle: list[str] = field(default_factory=list)  # pool pods that have just lost their last job
     mark_busy: list[str] = field(default_factory=list)  # idle-marked pool pods that have a job again

@@ -133,7 +133,8 @@ def _store_env(spec: TuningJobSpec) -> list[dict[str, Any]]:
     if s3 is None:
         return []
     env: list[dict[str, Any]] = [
-        {"name": "AWS_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef": {"name": s3.secret_name, "key": s3.access_key_id_key}}},
+        {"name": "AWS_ACCESS_KEY_ID",
+         "valueFrom": {"secretKeyRef": {"name": s3.secret_name, "key": s3.access_key_id_key}}},
         {"name": "AWS_SECRET_ACCESS_KEY",
          "valueFrom": {"secretKeyRef": {"name": s3.secret_name, "key": s3.secret_access_key_key}}},
         {"name": "AWS_DEFAULT_REGION", "value": s3.region},
@@ -163,8 +164,8 @@ def _container(spec: TuningJobSpec, image: str, name: str, args: list[str], *, e
                mounts: list[dict[str, Any]] | None = None, probe: bool = True) -> dict[str, Any]:
     c: dict[str, Any] = {
         "name": name, "image": image, "imagePullPolicy": spec.image_pull_policy,
-        "args": args, "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, *(NO_MULTICAST_ENV if spec.target == "cuda" else []),
-                              *(env or [])],
+        "args": args, "env": [{"name": "PYTHONUNBUFFERED", "value": "1"},
+                              *(NO_MULTICAST_ENV if spec.target == "cuda" else []), *(env or [])],
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
         "securityContext": security if security is not None else _restricted(),
         "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}, *(mounts or [])],
@@ -492,7 +493,8 @@ def _servers(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None,
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
             "spec": {"replicas": spec.servers.replicas,
                      "selector": {"matchLabels": _group_labels(selector(job.name, "server"), g)},
-                     "template": {"metadata": {"labels": {**_group_labels(labels(job.name, "server"), g), **pool_label}},
+                     "template": {"metadata": {"labels": {**_group_labels(labels(job.name, "server"), g),
+                                                          **pool_label}},
                                   "spec": pod}}}
 
 
@@ -504,7 +506,8 @@ def _progress_uri(job: JobRef, spec: TuningJobSpec) -> str | None:
 def _clients(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
     n = ChildNames(job.name)
     vol, mount = _job_spec_volume(job)
-    args = commands.client(JOB_MANIFEST, f"{POD_WORK_DIR}/shard", _tracker_addr(job), tracker_key(job), spec.total_servers,
+    args = commands.client(JOB_MANIFEST, f"{POD_WORK_DIR}/shard", _tracker_addr(job), tracker_key(job),
+                           spec.total_servers,
                            store=store_uri(job, spec), progress=_progress_uri(job, spec), metrics_port=METRICS_PORT,
                            build_service=_builders_addr(job, spec))
     mvols, mmounts, menv = _model_volume(spec)
@@ -722,7 +725,8 @@ def plan_pool(node: str, index: int, namespace: str, image: str = DEFAULT_IMAGE,
         "initContainers": [_mps_dir_init(image, "IfNotPresent")],
         "containers": [c],
         "volumes": [{"name": "scratch", "emptyDir": {}},
-                    {"name": "mps", "hostPath": {"path": pool_host_dir(namespace, index), "type": "DirectoryOrCreate"}}],
+                    {"name": "mps",
+                     "hostPath": {"path": pool_host_dir(namespace, index), "type": "DirectoryOrCreate"}}],
         "nodeSelector": {"kubernetes.io/hostname": node}, "hostIPC": True, "restartPolicy": "Always",
         "securityContext": _daemon_pod_security(),
         "automountServiceAccountToken": False, "enableServiceLinks": False, "terminationGracePeriodSeconds": 30,

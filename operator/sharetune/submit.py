@@ -105,7 +105,8 @@ def summary_lines(sub: Submitted, status: dict[str, Any], elapsed_s: float) -> l
         lines.append(f"  {result_worth(status)}")
     if status.get("resultLocation"):
         lines.append(f"  result: {status['resultLocation']}")
-    lines.append(f"  fetch:  {status.get('fetchCommand') or f'sharetune result fetch tj/{sub.name} -n {sub.namespace} -o DIR'}")
+    lines.append("  fetch:  "
+                 f"{status.get('fetchCommand') or f'sharetune result fetch tj/{sub.name} -n {sub.namespace} -o DIR'}")
     return lines
 
 
@@ -165,7 +166,8 @@ def run(a: argparse.Namespace) -> int:
             return int(ExitCode.USAGE)
         except RuntimeError as e:
             console.print(f"error: {path}: {e}", soft_wrap=True, markup=False)
-            return int(ExitCode.USAGE) if "already exists" in str(e) or "rejected" in str(e) else int(ExitCode.UNEXPECTED)
+            return (int(ExitCode.USAGE) if "already exists" in str(e) or "rejected" in str(e)
+                    else int(ExitCode.UNEXPECTED))
         console.print(f"{subs[-1].ref} created", markup=False)
     if a.detach:
         for s in subs:

@@ -82,7 +82,8 @@ def test_mps_job_daemon_servers_and_security() -> None:
     assert "resources" not in sc or "nvidia.com/gpu" not in str(sc["resources"])
     term = pod_spec(srv)["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
     assert term["topologyKey"] == "kubernetes.io/hostname"
-    assert term["labelSelector"]["matchLabels"] == {"sharetune.io/job": "tj", "app.kubernetes.io/component": "mps-daemon"}
+    assert term["labelSelector"]["matchLabels"] == {"sharetune.io/job": "tj",
+                                                    "app.kubernetes.io/component": "mps-daemon"}
     # Every pod but the daemon: non-root, no escalation, capabilities dropped, read-only root.
     for o in [*k["Deployment"], *k["Job"], plan_merge(JOB, s)]:
         for c in containers(o):
@@ -92,7 +93,8 @@ def test_mps_job_daemon_servers_and_security() -> None:
 
 
 def test_clients_are_an_indexed_job_and_credentials_come_from_a_secret() -> None:
-    s = parse_spec("tj", {"model": {"name": "resnet18"}, "trials": {"total": 128}, "clients": {"shards": 5, "backoffLimitPerIndex": 2},
+    s = parse_spec("tj", {"model": {"name": "resnet18"}, "trials": {"total": 128},
+                          "clients": {"shards": 5, "backoffLimitPerIndex": 2},
                           "output": {"s3": {"bucket": "bkt", "prefix": "runs/", "endpoint": "http://s3:9000",
                                             "credentialsSecret": {"name": "creds"}}}})
     job = next(o for o in plan(JOB, s) if o["kind"] == "Job")
@@ -101,7 +103,8 @@ def test_clients_are_an_indexed_job_and_credentials_come_from_a_secret() -> None
     c = containers(job)[0]
     assert c["args"][c["args"].index("--store") + 1] == "s3://bkt/runs/ns1/tj" == store_uri(JOB, s)
     env = {e["name"]: e for e in c["env"]}
-    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "creds", "key": "AWS_SECRET_ACCESS_KEY"}}
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"] == {
+        "secretKeyRef": {"name": "creds", "key": "AWS_SECRET_ACCESS_KEY"}}
     assert "value" not in env["AWS_ACCESS_KEY_ID"]  # never inline
     assert pod_spec(job)["serviceAccountName"] == "tj-tuner"
 
@@ -183,7 +186,8 @@ def test_multi_gpu_job_has_a_daemon_and_a_server_group_per_gpu() -> None:
     k = by_kind(plan(JOB, s))
     daemons = {p["metadata"]["name"]: p for p in k["Pod"]}
     assert sorted(daemons) == ["tj-mps-0", "tj-mps-1", "tj-mps-2"]
-    servers = {d["metadata"]["name"]: d for d in k["Deployment"] if d["metadata"]["labels"]["app.kubernetes.io/component"] == "server"}
+    servers = {d["metadata"]["name"]: d for d in k["Deployment"]
+               if d["metadata"]["labels"]["app.kubernetes.io/component"] == "server"}
     assert sorted(servers) == ["tj-servers-0", "tj-servers-1", "tj-servers-2"]
     host_dirs = set()
     for g in range(3):
@@ -221,7 +225,8 @@ def test_multi_gpu_job_has_a_daemon_and_a_server_group_per_gpu() -> None:
         assert containers(d)[0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     # The merge measures under the first GPU's daemon (its pipe directory), as local mode does.
     merge_dir = next(v for v in pod_spec(plan_merge(JOB, s))["volumes"] if v["name"] == "mps")["hostPath"]["path"]
-    assert merge_dir == next(v for v in pod_spec(daemons["tj-mps-0"])["volumes"] if v["name"] == "mps")["hostPath"]["path"]
+    assert merge_dir == next(v for v in pod_spec(daemons["tj-mps-0"])["volumes"]
+                             if v["name"] == "mps")["hostPath"]["path"]
     # One GPU keeps the plain names; a CPU job ignores gpus.
     one = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda"})
     assert [(g, d, v) for g, d, v in daemon_names("tj", one)] == [(None, "tj-mps", "tj-servers")]
@@ -368,7 +373,8 @@ def test_pool_mode_servers_join_the_gpu_pool_they_were_placed_on() -> None:
     assert dpod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
     assert dc["resources"] == {"limits": {"nvidia.com/gpu": "1"}, "requests": {"cpu": "50m", "memory": "64Mi"}}
     assert dc["securityContext"]["runAsNonRoot"] and not dc["securityContext"]["allowPrivilegeEscalation"]
-    assert next(v for v in dpod["volumes"] if v["name"] == "mps")["hostPath"]["path"] == "/run/sharetune/pools/sharetune-system/gpu-1"
+    assert (next(v for v in dpod["volumes"] if v["name"] == "mps")["hostPath"]["path"]
+            == "/run/sharetune/pools/sharetune-system/gpu-1")
     # No default limits on a shared daemon: each job's servers set their own.
     assert dc["args"] == ["mps-daemon", "--pipe-dir", "/mps/pipe", "--log-dir", "/mps/log", "--client-group", "1000",
                           "--metrics-port", "9400"]
@@ -452,12 +458,14 @@ def test_host_directories_are_keyed_so_no_two_jobs_or_releases_share_one() -> No
     assert mps_dir(a) == "/run/sharetune/mps/uid-a" and mps_dir(b) == "/run/sharetune/mps/uid-b"
     # Two releases' pools of the same GPU on one node: two daemons, two pipe directories; each
     # release's servers join their own.
-    paths = {ns: next(v for v in pod_spec(plan_pool("gpu-a", 0, ns))["volumes"] if v["name"] == "mps")["hostPath"]["path"]
+    paths = {ns: next(v for v in pod_spec(plan_pool("gpu-a", 0, ns))["volumes"]
+                      if v["name"] == "mps")["hostPath"]["path"]
              for ns in ("sharetune-system", "sharetune-b")}
     assert paths == {"sharetune-system": "/run/sharetune/pools/sharetune-system/gpu-0",
                      "sharetune-b": "/run/sharetune/pools/sharetune-b/gpu-0"}
     placed = Sharing("pool", Placement((GpuId("gpu-a", 0),), 50), pool_namespace="sharetune-b")
-    srv = next(o for o in plan(a, s, sharing=placed) if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("servers"))
+    srv = next(o for o in plan(a, s, sharing=placed)
+               if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("servers"))
     assert next(v for v in pod_spec(srv)["volumes"] if v["name"] == "mps")["hostPath"]["path"] == paths["sharetune-b"]
 
 
@@ -490,7 +498,8 @@ def test_only_the_jobs_own_pods_reach_its_tracker_servers_and_builders() -> None
     assert narrowed == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mon"}}}]
     assert len(by_kind(plan(JOB, s, network=NetworkConfig.from_env({"SHARETUNE_METRICS_SCRAPERS": "[]"})))
                ["NetworkPolicy"][0]["spec"]["ingress"]) == 1
-    assert "NetworkPolicy" not in by_kind(plan(JOB, s, network=NetworkConfig.from_env({"SHARETUNE_NETWORK_POLICY": "false"})))
+    assert "NetworkPolicy" not in by_kind(plan(JOB, s,
+                                               network=NetworkConfig.from_env({"SHARETUNE_NETWORK_POLICY": "false"})))
     for env, words in (({"SHARETUNE_NETWORK_POLICY": "yes"}, "networkPolicy.enabled"),
                        ({"SHARETUNE_METRICS_SCRAPERS": "{"}, "networkPolicy.metricsScrapers"),
                        ({"SHARETUNE_METRICS_SCRAPERS": '[{"pods": 1}]'}, "namespaceSelector, podSelector or ipBlock")):

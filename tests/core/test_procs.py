@@ -14,7 +14,8 @@ from sharetune.procs import ProcessGroup, pid_alive
 # and exits 3 on SIGTERM itself.
 LEADER = """
 import os, signal, subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); \
+time.sleep(60)"])
 print(child.pid, flush=True)
 signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))
 time.sleep(60)
@@ -38,7 +39,8 @@ def test_stop_takes_the_group_and_keeps_the_exit_status(tmp_path: Path) -> None:
 
 def test_a_leader_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
     p = ProcessGroup("stubborn", [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
-                                  "signal.SIG_IGN); print('up', flush=True); time.sleep(60)"], tmp_path / "s.log").start()
+                                  "signal.SIG_IGN); print('up', flush=True); time.sleep(60)"],
+                     tmp_path / "s.log").start()
     deadline = time.monotonic() + 20
     while "up" not in (tmp_path / "s.log").read_text() and time.monotonic() < deadline:
         time.sleep(0.05)

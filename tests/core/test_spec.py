@@ -29,14 +29,16 @@ def test_defaults() -> None:
     ({"model": {"name": "x", "onnx": {"path": "/m.onnx"}}}, "set exactly one of `name`"),
     ({"model": {"onnx": {}}}, "set exactly one of path, url, configMap, pvc"),
     ({"model": {"name": "resnet18"}, "target": "tpu"}, "spec.target: 'tpu' is not one of llvm, cuda"),
-    ({"model": {"name": "resnet18"}, "servers": {"threadPercentage": 0}}, "spec.servers.threadPercentage: 0 is outside [1, 100]"),
+    ({"model": {"name": "resnet18"}, "servers": {"threadPercentage": 0}},
+     "spec.servers.threadPercentage: 0 is outside [1, 100]"),
     ({"model": {"name": "resnet18"}, "servers": {"threadPercentage": "50"}}, "expected int, got str"),
     ({"model": {"name": "resnet18"}, "clients": {"shards": True}}, "expected int, got boolean"),
     ({"model": {"name": "resnet18"}, "trials": {"total": 0}}, "spec.trials.total: 0 is outside"),
     ({"model": {"name": "resnet18", "inputShape": [1, -3]}}, "inputShape: expected a list of positive integers"),
     ({"model": {"name": "resnet18"}, "servers": {"pinnedMemoryLimit": "lots"}}, "is not a size like 4G"),
     ({"model": {"name": "resnet18"}, "costModel": "gbdt"}, "spec.costModel"),
-    ({"model": {"name": "resnet18"}, "image": "tuner:1 --privileged"}, "spec.image: 'tuner:1 --privileged' is not an image"),
+    ({"model": {"name": "resnet18"}, "image": "tuner:1 --privileged"},
+     "spec.image: 'tuner:1 --privileged' is not an image"),
     ({"model": {"name": "resnet18"}, "image": "-v"}, "spec.image: '-v' is not an image reference"),
 ])
 def test_errors_name_the_field(spec, message) -> None:  # type: ignore[no-untyped-def]
@@ -113,7 +115,8 @@ def _cuda(**spec):  # type: ignore[no-untyped-def]
 def test_share_defaults_and_splits() -> None:
     # No share: the servers' sum, at most a whole GPU (the default job books one whole GPU).
     s = _cuda()
-    assert (s.sharing.mode, s.sharing.share, s.sharing.share_explicit, s.sharing.pinned_memory) == (None, 100, False, None)
+    assert (s.sharing.mode, s.sharing.share, s.sharing.share_explicit, s.sharing.pinned_memory) == (
+        None, 100, False, None)
     s = _cuda(servers={"replicas": 2, "threadPercentage": 20, "pinnedMemoryLimit": "2G"})
     assert (s.sharing.share, s.sharing.pinned_memory, s.sharing.pinned_memory_mib) == (40, "4096M", 4096)
     # A share (and a memory budget) without per-server limits is split evenly between the servers.
@@ -181,7 +184,8 @@ def test_sharing_config_from_the_charts_env() -> None:
          "SHARETUNE_GPU_OVERCOMMIT='0.5' (gpuSharing.overcommit): expected a number >= 1"),
         ({"SHARETUNE_GPU_SHARING_MODE": "mps"},
          "SHARETUNE_GPU_SHARING_MODE='mps' (gpuSharing.defaultMode): expected pool or exclusive or devicePlugin"),
-        ({"SHARETUNE_GPU_BACKFILL": "yes"}, "SHARETUNE_GPU_BACKFILL='yes' (gpuSharing.backfill): expected true or false"),
+        ({"SHARETUNE_GPU_BACKFILL": "yes"},
+         "SHARETUNE_GPU_BACKFILL='yes' (gpuSharing.backfill): expected true or false"),
         ({"SHARETUNE_GPU_POOL_TOLERATIONS": "{}"},
          "SHARETUNE_GPU_POOL_TOLERATIONS='{}' (gpuSharing.poolTolerations): expected a JSON list of tolerations"),
     ]:
@@ -222,7 +226,8 @@ def test_a_live_jobs_spec_is_parsed_once_per_generation(monkeypatch: pytest.Monk
         with pytest.raises(SpecError, match="spec.model.name"):
             spec_mod.spec_of(bad)
     assert calls == ["j", "j", "b"]
-    assert spec_mod.spec_of({"metadata": {"name": "f"}, "spec": {"model": {"name": "tiny_cnn"}}}).model.name == "tiny_cnn"
+    assert spec_mod.spec_of({"metadata": {"name": "f"},
+                             "spec": {"model": {"name": "tiny_cnn"}}}).model.name == "tiny_cnn"
 
 
 @pytest.mark.parametrize("image, allowed, ok", [

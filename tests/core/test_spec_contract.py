@@ -78,7 +78,8 @@ def test_the_crd_constrains_the_fields_this_test_walks() -> None:
     assert len(FIELDS) >= 25  # the walk found the schema's constrained fields (not an empty pass)
 
 
-@pytest.mark.parametrize("path,schema", [f for f in FIELDS if "default" in f[1]], ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize("path,schema", [f for f in FIELDS if "default" in f[1]],
+                         ids=lambda x: x if isinstance(x, str) else "")
 def test_a_crd_default_is_the_parsers_default(path: str, schema: dict[str, Any]) -> None:
     """Writing the CRD's default explicitly means the same as leaving the field out."""
     assert parse_spec("j", _spec(path, schema["default"])) == parse_spec("j", _context(path)), path
@@ -95,7 +96,8 @@ def test_a_crd_range_is_the_parsers_range(path: str, schema: dict[str, Any]) -> 
             parse_spec("j", _spec(path, schema[bound] + outside))
 
 
-@pytest.mark.parametrize("path,schema", [f for f in FIELDS if "enum" in f[1]], ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize("path,schema", [f for f in FIELDS if "enum" in f[1]],
+                         ids=lambda x: x if isinstance(x, str) else "")
 def test_a_crd_enum_is_the_parsers_enum(path: str, schema: dict[str, Any]) -> None:
     for value in schema["enum"]:
         parse_spec("j", _spec(path, value))

@@ -42,7 +42,8 @@ def test_failed_shard_reason_carries_the_shards_message() -> None:
     phase, reason, message = next_phase(RUNNING, obs, 2)
     assert (phase, reason) == (FAILED, "OutputTooLarge")
     assert "shard 1: shard-1 is 2000000 bytes compressed" in message
-    gpu = Observed([shard(0, "starting")], daemon_unschedulable="0/2 nodes are available: 2 Insufficient nvidia.com/gpu.")
+    gpu = Observed([shard(0, "starting")],
+                   daemon_unschedulable="0/2 nodes are available: 2 Insufficient nvidia.com/gpu.")
     assert next_phase(PENDING, gpu, 1)[1] == "GpuUnavailable"
 
 
@@ -76,11 +77,14 @@ def test_mps_recovery_replaces_a_dead_daemon_and_restarts_its_servers() -> None:
 
 
 def test_pending_says_why_pods_cannot_start() -> None:
-    secret = Observed(shards=[ShardView(0)], secret_problem="Secret s3 (output.s3.credentialsSecret) does not exist in ns")
+    secret = Observed(shards=[ShardView(0)],
+                      secret_problem="Secret s3 (output.s3.credentialsSecret) does not exist in ns")
     assert next_phase(PENDING, secret, 1)[:2] == (PENDING, "SecretMissing")
-    gpu = Observed(shards=[ShardView(0)], unschedulable="server: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu.")
+    gpu = Observed(shards=[ShardView(0)],
+                   unschedulable="server: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu.")
     assert next_phase(PENDING, gpu, 1)[:2] == (PENDING, "GpuUnavailable")
-    cpu = Observed(shards=[ShardView(0)], unschedulable="client: 0/2 nodes are available: 2 node(s) didn't match selector")
+    cpu = Observed(shards=[ShardView(0)],
+                   unschedulable="client: 0/2 nodes are available: 2 node(s) didn't match selector")
     phase, reason, message = next_phase(PENDING, cpu, 1)
     assert (phase, reason) == (PENDING, "Unschedulable") and "didn't match" in message
     # Once a shard tunes, a retried pod waiting for a node does not send the job back to Pending.

@@ -150,13 +150,15 @@ def children_report(k8s: Any, ns: str, job: str) -> list[str]:
                               ("Job", jobs, {f"{job}-clients", f"{job}-merge"}), ("Service", svcs, {f"{job}-tracker"})):
         if len(names) != len(set(names)) or set(names) - want:
             bad.append(f"{kind}: {sorted(names)}")
-    daemons = [p for p in core.list_namespaced_pod(ns, label_selector=sel + ",app.kubernetes.io/component=mps-daemon").items
+    daemons = [p for p in core.list_namespaced_pod(
+                   ns, label_selector=sel + ",app.kubernetes.io/component=mps-daemon").items
                if p.metadata.deletion_timestamp is None]
     if len(daemons) > 1:
         bad.append(f"MPS daemon pods: {[p.metadata.name for p in daemons]}")
     # No more live server/tracker pods than asked for (a second ReplicaSet left running, say).
     for comp, want_n in (("server", 2), ("tracker", 1)):
-        live = [p for p in core.list_namespaced_pod(ns, label_selector=sel + f",app.kubernetes.io/component={comp}").items
+        live = [p for p in core.list_namespaced_pod(
+                    ns, label_selector=sel + f",app.kubernetes.io/component={comp}").items
                 if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
         if len(live) > want_n:
             bad.append(f"{comp} pods running: {len(live)} > {want_n}")
@@ -225,7 +227,8 @@ def run_fault(env: FaultEnv, fault: str, timeout_s: float = 900.0) -> FaultRow:
         if fault == "mps_daemon_killed":
             st = _wait(env, "MPS recovery in status", lambda: (s := _job(k8s, ns, name)["status"]).get("mpsRecoveries")
                        and s, 120)
-            notes = f"mpsRecoveries={st['mpsRecoveries']} (GPU mocked: cuda job run on CPU, stand-in MPS control binary)"
+            notes = (f"mpsRecoveries={st['mpsRecoveries']} "
+                     "(GPU mocked: cuda job run on CPU, stand-in MPS control binary)")
         final = _wait(env, "Succeeded or Failed", lambda: (s := _job(k8s, ns, name)["status"]).get("phase")
                       in ("Succeeded", "Failed") and s, timeout_s)
         result_keys = _result_keys(env, ns, name, use_s3, work)

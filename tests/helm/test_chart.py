@@ -66,7 +66,8 @@ def test_dashboard_json_is_generated_from_code() -> None:
     from sharetune_dev.dashboard import render
 
     assert (CHART / "files" / "dashboard.json").read_text() == render(), \
-        "helm/sharetune/files/dashboard.json drifted: python -m sharetune_dev.dashboard > helm/sharetune/files/dashboard.json"
+        ("helm/sharetune/files/dashboard.json drifted: "
+         "python -m sharetune_dev.dashboard > helm/sharetune/files/dashboard.json")
 
 
 def test_alert_rules_pass_promtool(tmp_path: Path) -> None:
@@ -157,7 +158,8 @@ def test_mps_daemon_priority_class_values_reach_the_operator() -> None:
 
     name, classes = render()
     assert name == "sharetune-operator-ops-mps-daemon" and [c["metadata"]["name"] for c in classes] == [name]
-    assert (classes[0]["value"], classes[0]["preemptionPolicy"], classes[0]["globalDefault"]) == (1000000, "Never", False)
+    assert (classes[0]["value"], classes[0]["preemptionPolicy"], classes[0]["globalDefault"]) == (
+        1000000, "Never", False)
     assert render("mpsDaemonPriorityClass.create=false", "mpsDaemonPriorityClass.name=gpu-critical") == (
         "gpu-critical", [])
     assert render("mpsDaemonPriorityClass.create=false") == ("", [])
@@ -175,7 +177,8 @@ def test_template_is_valid_for_the_api_server(helm_cluster, cluster_wide: bool) 
     docs = [d for d in yaml.safe_load_all(out) if d]
     kinds = {d["kind"] for d in docs}
     assert kinds == {"ServiceAccount", "CustomResourceDefinition", "Deployment", "Service", "ConfigMap",
-                     "ClusterRole", "ClusterRoleBinding", "PriorityClass"} | (set() if cluster_wide else {"Role", "RoleBinding"})
+                     "ClusterRole", "ClusterRoleBinding", "PriorityClass"} | (
+                         set() if cluster_wide else {"Role", "RoleBinding"})
     # The GPU share ledger's cluster-wide view (nodes, GPUs other pods hold) is read-only.
     view = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-gpu-view"))
     assert {v for r in view["rules"] for v in r["verbs"]} <= {"get", "list", "watch"}

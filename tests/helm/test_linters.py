@@ -154,7 +154,8 @@ def findings(manifests: dict[str, Path]) -> list[Finding]:
 
 
 def _matches(a: Accepted, f: Finding, glob: str | None = None) -> bool:
-    return (a.tool, a.check) == (f.tool, f.check) and any(fnmatchcase(f.where, g) for g in ([glob] if glob else a.where))
+    return (a.tool, a.check) == (f.tool, f.check) and any(fnmatchcase(f.where, g)
+                                                          for g in ([glob] if glob else a.where))
 
 
 def test_the_dump_has_every_mode_and_object(manifests: dict[str, Path]) -> None:
@@ -163,7 +164,8 @@ def test_the_dump_has_every_mode_and_object(manifests: dict[str, Path]) -> None:
         return {f"{d['kind']}/{d['metadata']['name']}" for d in yaml.safe_load_all(manifests[mode].read_text()) if d}
 
     assert set(manifests) == {"chart", "exclusive", "pool", "device-plugin", "cpu", "cpu-builders", "s3"}
-    assert {"Deployment/sharetune-operator", "Pod/sharetune-smoke-test", "CustomResourceDefinition/tuningjobs.sharetune.io",
+    assert {"Deployment/sharetune-operator", "Pod/sharetune-smoke-test",
+            "CustomResourceDefinition/tuningjobs.sharetune.io",
             "PriorityClass/sharetune-operator-sharetune-system-mps-daemon"} <= objs("chart")
     assert {"Pod/tj-mps", "Deployment/tj-servers", "Deployment/tj-nomps-servers", "Job/tj-merge"} <= objs("exclusive")
     assert {"Pod/pool-gpu-node-0-gpu0", "PodDisruptionBudget/pool-gpu-node-0-gpu0", "Deployment/tj-servers",

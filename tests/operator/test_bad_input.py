@@ -215,7 +215,8 @@ def test_missing_s3_secret_is_a_pending_reason_until_it_exists(k8s, operator, ns
         core.patch_namespaced_pod_status(pod.metadata.name, ns, {"status": {"phase": phase, "containerStatuses": [
             {"name": c.name, "image": c.image, "imageID": "", "ready": False, "restartCount": 0, "state": state}]}})
 
-    kubelet_says({"waiting": {"reason": "CreateContainerConfigError", "message": 'secret "later" not found'}}, "Pending")
+    kubelet_says({"waiting": {"reason": "CreateContainerConfigError", "message": 'secret "later" not found'}},
+                 "Pending")
     phase, _, message = wait_for("SecretMissing", lambda: (r := _ready(get_job(k8s, ns, "nosecret")))[1]
                                  == "SecretMissing" and r, timeout_s=60)
     assert phase == "Pending" and message == (
@@ -239,8 +240,9 @@ def test_corrupt_onnx_and_unreachable_url_fail_with_the_models_error(k8s, cluste
     core = client.CoreV1Api(k8s)
     import base64
 
-    core.create_namespaced_config_map(ns, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="bad-model"),
-                                                             binary_data={"model.onnx": base64.b64encode(b"\x08\x07garbage").decode()}))
+    core.create_namespaced_config_map(ns, client.V1ConfigMap(
+        metadata=client.V1ObjectMeta(name="bad-model"),
+        binary_data={"model.onnx": base64.b64encode(b"\x08\x07garbage").decode()}))
     # Retries allowed, yet a model error (exit 3, sharetune.api.exitcodes.PERMANENT) fails its index
     # at once through the Job's podFailurePolicy: one client pod per job, no retry storm.
     retries = {"shards": 1, "builderWorkers": 1, "backoffLimitPerIndex": 3}

@@ -52,7 +52,8 @@ def test_the_api_server_refuses_what_the_parser_refuses(k8s, crd, ns, spec, refu
 def test_valid_sharing_is_accepted_and_the_booking_is_immutable(k8s, crd, ns) -> None:  # type: ignore[no-untyped-def]
     objs = client.CustomObjectsApi(k8s)
     for name, spec in [("pool", {"gpuSharing": {"mode": "pool", "share": 50, "pinnedMemory": "8G"}}),
-                       ("dp", {"gpuSharing": {"mode": "devicePlugin", "devicePlugin": {"resourceName": "example.com/gpu"}},
+                       ("dp", {"gpuSharing": {"mode": "devicePlugin",
+                                              "devicePlugin": {"resourceName": "example.com/gpu"}},
                                "servers": {"replicas": 2, "threadPercentage": 30}}),
                        ("excl", {"gpuSharing": {"mode": "exclusive", "gpus": 2}}),
                        ("plain", {})]:

@@ -52,11 +52,13 @@ def children(k8s: Any, ns: str, job: str) -> dict[str, list[str]]:
 
 def test_invalid_specs_are_rejected_with_readable_messages(k8s, crd, ns) -> None:  # type: ignore[no-untyped-def]
     cases = [
-        ({"servers": {"threadPercentage": 0}}, "spec.servers.threadPercentage in body should be greater than or equal to 1"),
+        ({"servers": {"threadPercentage": 0}},
+         "spec.servers.threadPercentage in body should be greater than or equal to 1"),
         ({"servers": {"threadPercentage": 101}}, "should be less than or equal to 100"),
         ({"clients": {"shards": 0}}, "spec.clients.shards in body should be greater than or equal to 1"),
         ({"servers": {"replicas": 0}}, "spec.servers.replicas in body should be greater than or equal to 1"),
-        ({"model": {"name": "resnet18", "onnx": {"url": "http://m/x.onnx"}}}, "set exactly one of model.name or model.onnx"),
+        ({"model": {"name": "resnet18", "onnx": {"url": "http://m/x.onnx"}}},
+         "set exactly one of model.name or model.onnx"),
         ({"model": {"onnx": {"url": "http://m/x.onnx", "pvc": {"claimName": "c", "path": "/m"}}}},
          "set exactly one of onnx.path (local mode only), onnx.url, onnx.configMap, onnx.pvc"),
         ({"target": "tpu"}, 'spec.target: Unsupported value: "tpu"'),
@@ -309,7 +311,8 @@ def test_a_real_tuning_run_through_the_operator(k8s, cluster, operator, ns, tmp_
         # tuning quality is pinned by the local end-to-end test with a real budget).
         summary = json.loads(client.CoreV1Api(k8s).read_namespaced_config_map("real-result", ns).data["summary.json"])
         assert st["bestSpeedup"] == summary["speedup"] > 0
-        assert (st["untunedLatencyMs"], st["tunedLatencyMs"]) == (summary["latency_untuned_ms"], summary["latency_tuned_ms"])
+        assert (st["untunedLatencyMs"], st["tunedLatencyMs"]) == (summary["latency_untuned_ms"],
+                                                                  summary["latency_tuned_ms"])
         assert st["trialsCompleted"] == 8 and st["progressPercent"] == 100 and st["completionTime"]
         # The records are in the store: every trial, plus the best per workload.
         from sharetune_tuner.records import stats
@@ -329,13 +332,15 @@ def test_a_real_tuning_run_through_the_operator(k8s, cluster, operator, ns, tmp_
         assert stats(tmp_path / "fetched" / "best").total == summary["best_records"] <= len(every.best_by_workload) == 2
         # The processes' logs are collected into the same store.
         logs = tmp_path / "fetched" / "logs"
-        assert "shard 1/2" in (logs / "shard-1.log").read_text() and "merged 8 records" in (logs / "merge.log").read_text()
+        assert ("shard 1/2" in (logs / "shard-1.log").read_text()
+                and "merged 8 records" in (logs / "merge.log").read_text())
         reasons = [e.reason for e in client.CoreV1Api(k8s).list_namespaced_event(
             ns, field_selector="involvedObject.name=real").items]
         for r_ in ("Created", "Tuning", "ShardsDone", "Merged"):
             assert r_ in reasons, reasons
         # Credentials never land in the status, the events or the result summary.
-        blob = json.dumps(st) + json.dumps(reasons) + json.dumps(json.loads((tmp_path / "fetched" / "summary.json").read_text()))
+        blob = (json.dumps(st) + json.dumps(reasons)
+                + json.dumps(json.loads((tmp_path / "fetched" / "summary.json").read_text())))
         assert "not-a-real-secret" not in blob
     finally:
         if cli.poll() is None:
@@ -359,7 +364,8 @@ def test_s3_cleanup_on_delete_uses_a_finalizer_only_when_asked(k8s, cluster, ope
 
     core = client.CoreV1Api(k8s)
     core.create_namespaced_secret(ns, client.V1Secret(
-        metadata=client.V1ObjectMeta(name="creds"), string_data={"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}))
+        metadata=client.V1ObjectMeta(name="creds"),
+        string_data={"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}))
     out = {"s3": {"endpoint": s3.endpoint, "bucket": "cleanup", "credentialsSecret": {"name": "creds"},
                   "cleanupOnDelete": True}}
     b = boto3.client("s3", endpoint_url=s3.endpoint, region_name="us-east-1", aws_access_key_id="k",
@@ -423,7 +429,8 @@ def test_operator_exports_metrics(operator) -> None:  # type: ignore[no-untyped-
 
     text = generate_latest(REGISTRY).decode()
     for name in ("sharetune_operator_jobs{phase=", "sharetune_operator_reconcile_seconds_bucket",
-                 "sharetune_operator_children_created_total{kind=\"Job\"}", "sharetune_operator_phase_transitions_total"):
+                 "sharetune_operator_children_created_total{kind=\"Job\"}",
+                 "sharetune_operator_phase_transitions_total"):
         assert name in text, name
 
 

@@ -27,7 +27,8 @@ CHART = Path(__file__).parents[2] / "helm" / "sharetune"
 
 # (apiGroup, resource) -> verbs the operator uses, and why.
 OPERATOR_NEEDS: dict[tuple[str, str], set[str]] = {
-    ("sharetune.io", "tuningjobs"): {"get", "list", "watch", "patch", "update", "delete"},  # kopf watch/patch; TTL delete
+    # kopf watch/patch; TTL delete
+    ("sharetune.io", "tuningjobs"): {"get", "list", "watch", "patch", "update", "delete"},
     ("sharetune.io", "tuningjobs/status"): {"get", "patch", "update"},  # status loop
     ("", "configmaps"): {"get", "list", "watch", "create", "update", "patch"},  # spec/shard/result CMs; snapshot list
     ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},  # MPS daemon/GPU pool pods; a pool's idle mark
@@ -37,7 +38,8 @@ OPERATOR_NEEDS: dict[tuple[str, str], set[str]] = {
     ("autoscaling", "horizontalpodautoscalers"): {"create"},  # spec.builders.autoscale
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
-    ("apps", "deployments"): {"get", "list", "create", "patch"},  # tracker/servers; restart after an MPS fault; a pool's servers
+    # tracker/servers; restart after an MPS fault; a pool's servers
+    ("apps", "deployments"): {"get", "list", "create", "patch"},
     ("apps", "deployments/scale"): {"patch"},  # live scaling
     ("batch", "jobs"): {"get", "list", "watch", "create", "patch"},  # clients, merge, S3 clean-up; snapshot list; clamp
     ("rbac.authorization.k8s.io", "roles"): {"create"},
@@ -117,7 +119,8 @@ def test_job_pods_reach_only_their_own_configmaps(k8s, operator, ns) -> None:  #
     create_job(k8s, ns, tuning_job("sec"))
     from sharetune.controller.kube import read_or_none
 
-    wait_for("job's Role", lambda: read_or_none(client.RbacAuthorizationV1Api(k8s).read_namespaced_role, "sec-tuner", ns))
+    wait_for("job's Role",
+             lambda: read_or_none(client.RbacAuthorizationV1Api(k8s).read_namespaced_role, "sec-tuner", ns))
     user = f"system:serviceaccount:{ns}:sec-tuner"
     wait_for("RBAC in effect", lambda: _can(k8s, user, ns, "patch", "configmaps", name="sec-shard-0"))
     for cm in ("sec-shard-0", "sec-shard-1", "sec-result"):

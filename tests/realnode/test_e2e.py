@@ -62,7 +62,8 @@ def test_tuningjob_succeeds_on_real_pods_despite_killed_pods(real) -> None:  # t
     def faults(j):  # type: ignore[no-untyped-def]
         st = j.get("status") or {}
         if "client" not in killed and (st.get("trialsCompleted") or 0) > 0:
-            clients = [p for p in realrun.pods(real, selector=f"sharetune.io/job={name},app.kubernetes.io/component=client")
+            clients = [p for p in realrun.pods(real,
+                                               selector=f"sharetune.io/job={name},app.kubernetes.io/component=client")
                        if p["status"]["phase"] == "Running"]
             if clients:
                 victim = clients[0]["metadata"]["name"]
@@ -70,7 +71,8 @@ def test_tuningjob_succeeds_on_real_pods_despite_killed_pods(real) -> None:  # t
                 killed["client"] = victim
                 at.append(time.monotonic())
         elif "client" in killed and "server" not in killed and time.monotonic() - at[-1] > GAP_S:
-            servers = [p for p in realrun.pods(real, selector=f"sharetune.io/job={name},app.kubernetes.io/component=server")
+            servers = [p for p in realrun.pods(real,
+                                               selector=f"sharetune.io/job={name},app.kubernetes.io/component=server")
                        if p["status"]["phase"] == "Running"]
             if servers:
                 victim = servers[0]["metadata"]["name"]

@@ -31,8 +31,8 @@ def test_two_gpus_get_a_daemon_each_and_their_own_servers(tmp_path: Path) -> Non
     run, calls = planned({"model": {"name": "tiny_cnn"}, "target": "cuda", "gpuSharing": {"gpus": 2},
                           "servers": {"replicas": 3, "threadPercentage": 30}, "clients": {"shards": 2}}, tmp_path)
     names = [c[0] for c in calls]
-    assert names == ["build-service", "mps-daemon-0", "mps-daemon-1", "tracker", "server-0-0", "server-0-1", "server-0-2",
-                     "server-1-0", "server-1-1", "server-1-2"]
+    assert names == ["build-service", "mps-daemon-0", "mps-daemon-1", "tracker", "server-0-0", "server-0-1",
+                     "server-0-2", "server-1-0", "server-1-1", "server-1-2"]
     env = {c[0]: c[2] for c in calls}
     for g in (0, 1):
         daemon = env[f"mps-daemon-{g}"]

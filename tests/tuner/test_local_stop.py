@@ -45,7 +45,8 @@ def _alive(pids: set[int]) -> set[int]:
 def test_sigterm_stops_the_whole_local_run(tmp_path: Path) -> None:
     work = tmp_path / "run"
     started: set[int] = set()
-    p = subprocess.Popen([sys.executable, "-m", "sharetune.cli", "run", str(EXAMPLE), "--local", "--workdir", str(work)],
+    p = subprocess.Popen([sys.executable, "-m", "sharetune.cli", "run", str(EXAMPLE), "--local",
+                          "--workdir", str(work)],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         # tracker + 2 servers + build service + 2 clients
@@ -86,7 +87,8 @@ def test_ctrl_c_says_the_run_was_interrupted(tmp_path: Path) -> None:
         p.send_signal(signal.SIGINT)
         out = p.communicate(timeout=60)[0].decode(errors="replace")
         assert p.returncode == 130, out[-2000:]
-        assert "interrupted: Ctrl-C; stopping the run (its records stay in " in out and "failed:" not in out, out[-2000:]
+        assert ("interrupted: Ctrl-C; stopping the run (its records stay in " in out
+                and "failed:" not in out), out[-2000:]
         wait_for("every process of the run gone", lambda: not _alive(started), timeout_s=30)
     finally:
         if p.poll() is None:

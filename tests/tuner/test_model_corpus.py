@@ -72,7 +72,8 @@ def test_weights_are_folded_once_at_load_to_the_same_tasks() -> None:
     raw = from_onnx(onnx.load(str(LIGHT / "light_squeezenet.onnx")), {"data_0": [1, 3, 64, 64]})
     raw = relax.transform.CanonicalizeBindings()(relax.transform.DecomposeOpsForInference()(raw))
     target = make_target("llvm", 1)
-    assert {t.info.workload_hash for t in extract(m.mod, target)} == {t.info.workload_hash for t in extract(raw, target)}
+    assert ({t.info.workload_hash for t in extract(m.mod, target)}
+            == {t.info.workload_hash for t in extract(raw, target)})
     consts = [b.value for blk in m.mod["main"].body.blocks for b in blk.bindings
               if isinstance(b.value, relax.Call) and all(isinstance(a, tvm.ir.GenericConst) for a in b.value.args)]
     assert consts == []  # nothing left for TVM to fold

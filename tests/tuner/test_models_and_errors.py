@@ -97,13 +97,15 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
 
 
 def test_cli_errors_have_messages_and_exit_codes(tmp_path: Path) -> None:
-    r = run_cli("client", "--job", str(example_job(tmp_path, model={"name": "nope"})), "--work-dir", str(tmp_path / "w"))
+    r = run_cli("client", "--job", str(example_job(tmp_path, model={"name": "nope"})),
+                "--work-dir", str(tmp_path / "w"))
     assert r.returncode == 2 and "unknown built-in model 'nope'" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("client", "--job", str(example_job(tmp_path, target="tpu")), "--work-dir", str(tmp_path / "w"))
     assert r.returncode == 2 and "spec.target: 'tpu' is not one of llvm, cuda" in r.stderr
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not onnx")
-    r = run_cli("client", "--job", str(example_job(tmp_path, model={"onnx": {"path": str(bad)}})), "--work-dir", str(tmp_path / "w"))
+    r = run_cli("client", "--job", str(example_job(tmp_path, model={"onnx": {"path": str(bad)}})),
+                "--work-dir", str(tmp_path / "w"))
     assert r.returncode == 3 and "is not a valid ONNX model" in r.stderr
     # No tracker listening: a clear error after the wait, not a hang or a traceback.
     r = run_cli("client", "--job", str(EXAMPLE), "--work-dir", str(tmp_path / "w"), "--tracker", "127.0.0.1:9",

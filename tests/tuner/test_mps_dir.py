@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root, as in the init container")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0,
+                                reason="changing a file's owner needs root, as in the init container")
 
 
 def mps_dir(*args: str) -> subprocess.CompletedProcess[str]:

@@ -43,8 +43,8 @@ def test_the_jobs_daemon_leaves_every_serving_share_reachable(tmp_path: Path) ->
     wrapper.chmod(0o755)
     pipe, logs = tmp_path / "pipe", tmp_path / "log"
     args = commands.mps_daemon(spec, str(pipe), str(logs))
-    p = ProcessGroup("mps-daemon", [sys.executable, "-m", "sharetune_tuner.cli", *args, "--control-binary", str(wrapper),
-                                    "--no-gpu-check"], tmp_path / "daemon.log",
+    p = ProcessGroup("mps-daemon", [sys.executable, "-m", "sharetune_tuner.cli", *args,
+                                    "--control-binary", str(wrapper), "--no-gpu-check"], tmp_path / "daemon.log",
                      env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}).start()
     try:
         wait_for("daemon ready", lambda: (pipe / READY).exists() or not p.alive(), 30)

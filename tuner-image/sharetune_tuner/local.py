@@ -205,8 +205,9 @@ class LocalRun:
             for j in range(self.spec.servers.replicas):
                 name = in_group("server", g) + f"-{j}"
                 port = free_port()
-                self._spawn(name, commands.server(self.spec, f"127.0.0.1:{self.tracker_port}", self.key, port, port + 19,
-                                                  host="127.0.0.1", name=name, require_mps=self.spec.uses_mps),
+                self._spawn(name,
+                            commands.server(self.spec, f"127.0.0.1:{self.tracker_port}", self.key, port, port + 19,
+                                            host="127.0.0.1", name=name, require_mps=self.spec.uses_mps),
                             self.server_env(g))
 
     def client_args(self, i: int) -> list[str]:
@@ -229,7 +230,8 @@ class LocalRun:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def metrics_targets(self) -> list[str]:
-        return [f"127.0.0.1:{self.metrics_ports[p.name]}" for p in self.procs if p.alive() and p.name in self.metrics_ports]
+        return [f"127.0.0.1:{self.metrics_ports[p.name]}" for p in self.procs
+                if p.alive() and p.name in self.metrics_ports]
 
     # ---- progress ----------------------------------------------------------------------------
     @property

@@ -47,7 +47,8 @@ def run(a: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, raise_stopped)
     lr = LocalRun(spec, a.job.resolve(), workdir.resolve())
     console.print(f"[bold]{spec.name}[/bold]: {spec.model.name or 'onnx model'} on {spec.target}, "
-                  f"{spec.shards} clients x {spec.servers.replicas} servers" + (f" x {spec.gpus} GPUs" if spec.gpu_count > 1 else "")
+                  f"{spec.shards} clients x {spec.servers.replicas} servers"
+                  + (f" x {spec.gpus} GPUs" if spec.gpu_count > 1 else "")
                   + (f" under MPS at {spec.servers.thread_percentage}%" if spec.uses_mps else "")
                   + f", {spec.trials.total} trials  (logs: {workdir}/logs)")
     t0 = time.time()

@@ -124,7 +124,8 @@ def _transition(job: LocalJob) -> str:
     if job.state == "running":
         return f"{job.spec.name}: started{where}"
     took = (job.finished or time.time()) - (job.started or time.time())
-    return f"{job.spec.name}: {job.state} after {took:.0f}s" + (f": {job.error.splitlines()[0][:200]}" if job.error else "")
+    return (f"{job.spec.name}: {job.state} after {took:.0f}s"
+            + (f": {job.error.splitlines()[0][:200]}" if job.error else ""))
 
 
 def _show(bar: Progress, row: Any, job: LocalJob, queued: list[LocalJob]) -> None:

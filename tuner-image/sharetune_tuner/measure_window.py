@@ -64,7 +64,8 @@ def prepare(pipe_dir: Path, group: int | None = None) -> None:
     """The window files in a GPU's pipe directory (the MPS daemon command, at start).
 
     Who writes and reads them: the daemon command creates them (in a cluster as the tuner UID,
-    which every job's servers share; in local mode as the user). Its clients, the tuning servers and the merge (in a cluster every job's run as
+    which every job's servers share; in local mode as the user). Its clients, the tuning servers and the merge
+    (in a cluster every job's run as
     the tuner UID and group 1000; locally, as the user), open the lock and the turnstile read-only
     and ``flock`` them, which needs no write access, so these are the daemon's and only readable
     by others (``LOCK_MODE``, whatever the umask). The clients do write in the tenant directory

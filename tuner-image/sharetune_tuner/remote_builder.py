@@ -165,7 +165,8 @@ class RemoteBuilder(PyBuilder):
                 try:
                     wire = f.result()
                 except Exception as e:  # lost, hung or garbled: its chunk goes elsewhere
-                    log.warning("build service %s lost (%s: %s): its %d candidates go to %s", _name(ep), type(e).__name__,
+                    log.warning("build service %s lost (%s: %s): its %d candidates go to %s",
+                                _name(ep), type(e).__name__,
                                 e, len(chunk), "another builder" if len(self.conns) > 1 else "this client")
                     self._drop(ep)
                     self.retried += len(chunk)
@@ -188,7 +189,8 @@ class RemoteBuilder(PyBuilder):
         todo = [i for i, r in enumerate(results) if r is None]
         if todo:
             if not self._local_mode_logged:
-                log.warning("no build service at %s took the batch: building %d candidates in this client with %d workers "
+                log.warning("no build service at %s took the batch: "
+                            "building %d candidates in this client with %d workers "
                             "(the builders are tried again at the next batch)", self.address, len(todo),
                             self.fallback_workers)
                 self._local_mode_logged = True

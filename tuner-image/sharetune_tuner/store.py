@@ -171,7 +171,8 @@ class ConfigMapStore:
                 return None
             raise StoreError(f"cannot read ConfigMap {self.namespace}/{self.configmap(name)}: {e.status}") from None
         except _TRANSPORT_ERRORS as e:
-            raise StoreError(f"cannot read ConfigMap {self.namespace}/{self.configmap(name)}: {type(e).__name__}") from None
+            raise StoreError(f"cannot read ConfigMap {self.namespace}/{self.configmap(name)}: "
+                             f"{type(e).__name__}") from None
         blob = (cm.binary_data or {}).get("data.tar.gz")
         return base64.b64decode(blob) if blob else None
 

@@ -507,7 +507,8 @@ def parse_sharing(g: dict[str, Any], s: dict[str, Any], servers: ServerSpec) -> 
         if replicas * servers.thread_percentage > share:
             derived = (f" (the tuning share for servers.servingPercentage {servers.serving_percentage})"
                        if s.get("threadPercentage") is None else "")
-            raise SpecError(f"spec.servers.threadPercentage{derived}: {replicas} servers x {servers.thread_percentage}% = "
+            raise SpecError(f"spec.servers.threadPercentage{derived}: "
+                            f"{replicas} servers x {servers.thread_percentage}% = "
                             f"{replicas * servers.thread_percentage}% does not fit in {where}.share {share}%; set "
                             f"threadPercentage <= {share // replicas}"
                             + ("" if derived else " (or leave it out: share / replicas)") + " or raise share")

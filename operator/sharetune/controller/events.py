@@ -37,7 +37,8 @@ def set_phase(api: client.ApiClient, body: Any, patch: kopf.Patch, phase: str, r
     """Moves the job to ``phase``: conditions, message, completion time, a metric and an Event."""
     conds = list(status.get("conditions") or [])
     conds = condition(conds, "Ready", "True" if phase == SUCCEEDED else "False", reason, message, generation)
-    conds = condition(conds, "Failed", "True" if phase == FAILED else "False", reason if phase == FAILED else "NotFailed",
+    conds = condition(conds, "Failed", "True" if phase == FAILED else "False",
+                      reason if phase == FAILED else "NotFailed",
                       message if phase == FAILED else "", generation)
     conds = condition(conds, "Tuning", "True" if phase == RUNNING else "False", reason, message, generation)
     patch.status["phase"] = phase

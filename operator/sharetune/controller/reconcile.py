@@ -274,7 +274,8 @@ def _release_gpu_share(ctx: Context, body: dict[str, Any], job: JobRef, s: Tunin
             if e.status != 404:
                 log.warning("%s/%s: cannot scale %s to 0: %s", job.namespace, job.name, servers, kube.reason(e))
     placement = (body.get("status") or {}).get("gpuPlacement") or {}
-    events.post(ctx.api, body, "Normal", "GpuShareReleased", f"released its share of GPU {gpupool.gpu_label(placement)}")
+    events.post(ctx.api, body, "Normal", "GpuShareReleased",
+                f"released its share of GPU {gpupool.gpu_label(placement)}")
 
 
 def reconcile_status(ctx: Context, body: dict[str, Any], patch: kopf.Patch, snap: Snapshot) -> None:

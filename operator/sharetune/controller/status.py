@@ -126,7 +126,8 @@ def shard_clamp(spec_shards: int, shards: list[ShardView], asked: int | None = N
     rest = (f" (the budget gives trials to {tasks} of the model's {r.tasks_total} tasks; the rest keep TVM's "
             f"defaults)" if r.tasks_total is not None and r.tasks_total > tasks else "")
     plural = "s" if k != 1 else ""
-    return Clamp(k, f"clients.shards {asked or spec_shards} > {tasks} tasks to tune: clamped to {k} shard{plural}{rest}")
+    return Clamp(k, f"clients.shards {asked or spec_shards} > {tasks} tasks to tune: "
+                    f"clamped to {k} shard{plural}{rest}")
 
 
 def count_indexes(indexes: str | None, below: int) -> int:
