@@ -155,12 +155,12 @@ class ProcessKubelet:
                     del self.procs[uid]
                     self.done.add(uid)
             for pod in pods:
-                uid = pod.metadata.uid
-                if (uid in self.procs or uid in self.done or pod.metadata.deletion_timestamp is not None
+                pod_uid = str(pod.metadata.uid)
+                if (pod_uid in self.procs or pod_uid in self.done or pod.metadata.deletion_timestamp is not None
                         or pod.status.phase != "Running"):
                     continue
                 proc = self._launch(pod)
-                self.procs[uid] = proc
+                self.procs[pod_uid] = proc
                 self.history.append(proc)
 
     def _report_exit(self, pod: Any, rc: int) -> None:

@@ -260,9 +260,10 @@ def _follow_daemon(job: JobRef, g: int | None = None) -> dict[str, Any]:
 
 def job_manifest(job: JobRef, spec: TuningJobSpec) -> str:
     """What the tuner pods read (--job): the same TuningJob document local mode reads."""
-    return yaml.safe_dump({"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND,
-                           "metadata": {"name": job.name, "namespace": job.namespace}, "spec": spec.raw},
-                          sort_keys=True)
+    text: str = yaml.safe_dump({"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND,
+                                "metadata": {"name": job.name, "namespace": job.namespace}, "spec": spec.raw},
+                               sort_keys=True)
+    return text
 
 
 def _mode(spec: TuningJobSpec, sharing: Sharing | None) -> str | None:
@@ -456,7 +457,9 @@ def _servers(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None,
                            metrics_port=METRICS_PORT,
                            require_mps=mode == POOL or (mode == EXCLUSIVE and spec.uses_mps))
     env: list[dict[str, Any]] = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
-    volumes, mounts, extra = [], [], {}
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    extra: dict[str, Any] = {}
     resources = copy.deepcopy(spec.raw.get("servers", {}).get("resources") or {})
     pool_label: dict[str, str] = {}
     if mode == POOL:
@@ -570,7 +573,7 @@ def _builders(job: JobRef, spec: TuningJobSpec, image: str) -> list[dict[str, An
         pod["nodeSelector"] = dict(b.node_selector)
     _mount_build_key(job, spec, pod)
     a = b.autoscale
-    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(job, n.builders, "builder"),
+    dep: dict[str, Any] = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(job, n.builders, "builder"),
            "spec": {"selector": {"matchLabels": selector(job.name, "builder")},
                     "template": {"metadata": {"labels": labels(job.name, "builder")}, "spec": pod}}}
     if a is None:

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 from .api.spec import API_GROUP, API_VERSION, PLURAL
 
@@ -55,8 +55,9 @@ def run(a: argparse.Namespace) -> int:
     deadline = time.monotonic() + a.timeout
     status: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        status = api.get_namespaced_custom_object(API_GROUP, API_VERSION, a.namespace, PLURAL,
-                                                  a.name).get("status") or {}
+        obj = cast(dict[str, Any], api.get_namespaced_custom_object(API_GROUP, API_VERSION, a.namespace, PLURAL,
+                                                                    a.name))
+        status = obj.get("status") or {}
         if status.get("phase") == "Succeeded":
             print(f"{a.name} succeeded: {status.get('trialsCompleted')} trials, {result_worth(status)}")
             return 0

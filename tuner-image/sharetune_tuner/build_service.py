@@ -31,7 +31,8 @@ import shutil
 import socket
 import threading
 import time
-from multiprocessing.connection import AuthenticationError, Connection, Listener
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 
 from . import metrics

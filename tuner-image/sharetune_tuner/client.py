@@ -288,9 +288,9 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     if cut:
         log.warning("cut %d bytes of a torn last record (client killed mid-write)", cut)
     tracker = TrackerWait(cfg.tracker_host, cfg.tracker_port, cfg.tracker_key, cfg.tracker_wait_s)
-    t = time.monotonic()
+    t0 = time.monotonic()
     tasks = extract(model.mod, target)
-    progress.startup["extract_s"] = round(time.monotonic() - t, 2)
+    progress.startup["extract_s"] = round(time.monotonic() - t0, 2)
     plan = plan_shard(tasks, cfg)
     mine, budget = plan.tasks, plan.budget
     progress.useful_shards, progress.tasks_total = plan.useful_shards, plan.tasks_total
@@ -324,14 +324,14 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     if cfg.on_round is not None:
         cfg.on_round()
 
-    t = time.monotonic()
+    t0 = time.monotonic()
     # MetaSchedule registers every target's tensor intrinsics when the first task is set up;
     # from the cache that is ~0.5 s instead of ~13-20 s of TVMScript parsing (intrinsics.py).
     progress.startup["intrinsics"] = ensure_registered()
-    progress.startup["intrinsics_s"] = round(time.monotonic() - t, 2)
-    t = time.monotonic()
+    progress.startup["intrinsics_s"] = round(time.monotonic() - t0, 2)
+    t0 = time.monotonic()
     tracker.result()
-    progress.startup["tracker_wait_s"] = round(time.monotonic() - t, 2)
+    progress.startup["tracker_wait_s"] = round(time.monotonic() - t0, 2)
     progress.state = "tuning"
     progress.write(progress_path)
 

@@ -263,7 +263,7 @@ def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> 
     extracted = extract(model.mod, target)
     budget = budgets([t.info for t in extracted], spec.trials.total, spec.trials.per_task,
                      useful_minimum(spec.trials.per_task, spec.trials.per_iteration))
-    tasks = []
+    tasks: list[dict[str, Any]] = []
     for t in extracted:
         h = t.info.workload_hash
         v = verdicts.get(h)

@@ -76,10 +76,11 @@ def read_config_map_model(name: str, key: str, namespace: str | None) -> bytes:
     except client.ApiException as e:
         raise ModelError(f"{where}: cannot read ConfigMap {name} in namespace {namespace}: {e.status} {e.reason}; "
                          f"create it: kubectl create configmap {name} -n {namespace} --from-file={key}=FILE") from None
-    if key in (cm.binary_data or {}):
-        return base64.b64decode(cm.binary_data[key])
-    if key in (cm.data or {}):
-        return str(cm.data[key]).encode()
+    binary, text = cm.binary_data or {}, cm.data or {}
+    if key in binary:
+        return base64.b64decode(binary[key])
+    if key in text:
+        return str(text[key]).encode()
     raise ModelError(f"{where}.key: ConfigMap {name} in namespace {namespace} has no key {key}; its keys: "
                      f"{', '.join(sorted({*(cm.binary_data or {}), *(cm.data or {})})) or 'none'}")
 

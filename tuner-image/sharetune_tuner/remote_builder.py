@@ -24,7 +24,8 @@ import tempfile
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from multiprocessing.connection import AuthenticationError, Connection
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +82,10 @@ class RemoteBuilder(PyBuilder):
     def _endpoints(self) -> list[Endpoint]:
         out: list[Endpoint] = []
         for target, family in self.targets:
-            if family == "AF_UNIX":
+            if isinstance(target, str):  # AF_UNIX: a socket path
                 out.append((family, target))
                 continue
-            host, port = target  # type: ignore[misc]
+            host, port = target
             try:
                 infos = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
             except OSError:
@@ -150,7 +151,8 @@ class RemoteBuilder(PyBuilder):
         n, live = len(items), list(self.conns)
         size = -(-n // len(live))
         chunks: deque[list[int]] = deque(list(range(i, min(i + size, n))) for i in range(0, n, size))
-        free, busy = set(live), {}  # busy: future -> (builder, chunk)
+        free = set(live)
+        busy: dict[Future[list[WireResult]], tuple[Endpoint, list[int]]] = {}  # future -> (builder, chunk)
         while chunks or busy:
             while chunks and free:
                 ep, chunk = free.pop(), chunks.popleft()

@@ -193,7 +193,8 @@ def fetch(where: str, out: Path, namespace: str | None = None) -> Fetched:
                 raise ResultError(f"{where} holds no merge result ({SUMMARY_FILE} and best records)")
             _place(Path(tmp), out)
     summary = json.loads((out / SUMMARY_FILE).read_text())
-    if spec is not None and summary.get("model") and spec.model.onnx is not None and spec.model.onnx.config_map:
+    if spec is not None and ns is not None and summary.get("model") and spec.model.onnx is not None \
+            and spec.model.onnx.config_map:
         _fetch_model(core, ns, spec.model.onnx, out)
     return Fetched(summary, spec, ns)
 

@@ -101,7 +101,7 @@ class SessionRPCRunner(RPCRunner._cls):  # type: ignore[name-defined]
         self.candidate_timeout_sec = candidate_timeout_sec
         # Sessions never time out on the server, so a hung candidate is bounded here: the pool
         # kills the worker (and with it the session) after the timeout.
-        self.pool.shutdown()
+        self.pool.shutdown()  # type: ignore[has-type]  # set by RPCRunner's __init__ (TVM, untyped)
         self.pool = PopenPoolExecutor(max_workers=max_workers, timeout=candidate_timeout_sec)
 
     def run(self, runner_inputs: list[RunnerInput]) -> list[Any]:

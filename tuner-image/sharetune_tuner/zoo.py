@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -39,7 +40,7 @@ class GraphBuilder:
         self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), n))
         return n
 
-    def op(self, op_type: str, inputs: list[str], **attrs: object) -> str:
+    def op(self, op_type: str, inputs: list[str], **attrs: Any) -> str:
         out = self.name(op_type.lower())
         self.nodes.append(helper.make_node(op_type, inputs, [out], **attrs))
         return out

@@ -609,9 +609,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             if not a.exists():
                 raise ClusterError(f"image archive {a} missing (bash deploy/images/build.sh)")
             st = a.stat()
-            stamp = {"size": st.st_size, "mtime": st.st_mtime, "names": archive_names(a)}
+            names = archive_names(a)
+            stamp = {"size": st.st_size, "mtime": st.st_mtime, "names": names}
             if stamps.get(str(a), {}).get("size") == st.st_size and \
-                    stamps[str(a)].get("mtime") == st.st_mtime and stamp["names"] and set(stamp["names"]) <= present:
+                    stamps[str(a)].get("mtime") == st.st_mtime and names and set(names) <= present:
                 self.timings[f"import_{a.name}_s"] = 0.0  # already in the kept image store
                 continue
             t = time.monotonic()

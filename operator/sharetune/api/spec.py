@@ -267,7 +267,8 @@ def ttl_of(spec: dict[str, Any]) -> int | None:
 
 
 def _dict(d: dict[str, Any], key: str, where: str) -> dict[str, Any]:
-    return _get(d, key, dict, {}, where)
+    out: dict[str, Any] = _get(d, key, dict, {}, where)
+    return out
 
 
 def check_fields(d: Any, where: str) -> None:

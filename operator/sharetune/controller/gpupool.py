@@ -127,10 +127,10 @@ def tick(ctx: Context, items: list[dict[str, Any]]) -> TickResult:
         _say_waiting(ctx, by_key[key], UNPLACEABLE, f"no GPU of this cluster can take this job: {why}", None)
     stamp = now()
     for key, tenants in decided.co_tenants.items():
-        body = by_key.get(key)
-        if body is None:
+        tenant_body = by_key.get(key)
+        if tenant_body is None:
             continue
-        spans = co_tenant_status((body.get("status") or {}).get("coTenants"), tenants, stamp)
+        spans = co_tenant_status((tenant_body.get("status") or {}).get("coTenants"), tenants, stamp)
         if spans is not None:
             _patch_status(ctx, key, {"coTenants": spans})
     _apply_pools(ctx, decided)
@@ -229,6 +229,6 @@ def _roll_servers(ctx: Context, pool: str) -> None:
     else:
         deps = apps.list_deployment_for_all_namespaces(label_selector=sel).items
     for d in deps:
-        kube.restart_deployment(ctx.api, d.metadata.namespace, d.metadata.name)
+        kube.restart_deployment(ctx.api, str(d.metadata.namespace), str(d.metadata.name))
         log.info("GPU pool %s was replaced or restarted: servers %s/%s rolled", pool, d.metadata.namespace,
                  d.metadata.name)

@@ -58,13 +58,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 
 
 @kopf.on.create(API_GROUP, API_VERSION, PLURAL)
-@kopf.on.resume(API_GROUP, API_VERSION, PLURAL)
+@kopf.on.resume(API_GROUP, API_VERSION, PLURAL)  # type: ignore[arg-type]  # namespaced: kopf passes namespace as a str
 def ensure_children(body: Any, name: str, namespace: str, uid: str, spec: Any, status: Any, meta: Any,
                     patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     reconcile.ensure_children(of(memo), body, name, namespace, uid, spec, status, meta, patch)
 
 
-@kopf.on.field(API_GROUP, API_VERSION, PLURAL, field="spec.servers.replicas")
+@kopf.on.field(API_GROUP, API_VERSION, PLURAL, field="spec.servers.replicas")  # type: ignore[arg-type]  # namespaced: kopf passes namespace as a str
 def scale(name: str, namespace: str, new: Any, old: Any, body: Any, status: Any, memo: kopf.Memo, **_: Any) -> None:
     reconcile.scale(of(memo), name, namespace, new, old, body, status)
 
@@ -106,7 +106,7 @@ def _cleanup_requested(spec: Any, **_: Any) -> bool:
     return bool(((spec.get("output") or {}).get("s3") or {}).get("cleanupOnDelete"))
 
 
-@kopf.on.delete(API_GROUP, API_VERSION, PLURAL, when=_cleanup_requested)
+@kopf.on.delete(API_GROUP, API_VERSION, PLURAL, when=_cleanup_requested)  # type: ignore[arg-type]  # namespaced: kopf passes namespace as a str
 def cleanup_s3(body: Any, name: str, namespace: str, uid: str, meta: Any, runtime: Any, memo: kopf.Memo,
                **_: Any) -> None:
     """Only jobs that asked for it get a finalizer (kopf adds one for matching delete handlers):

@@ -7,6 +7,7 @@ children; what exists is left as it is, except the fields we manage explicitly (
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
@@ -18,7 +19,7 @@ from .status import now
 def create(api: client.ApiClient, obj: dict[str, Any]) -> bool:
     """Creates ``obj``; False when it already existed."""
     kind, ns = obj["kind"], obj["metadata"]["namespace"]
-    fn = {
+    creators: dict[str, Callable[..., Any]] = {
         "ConfigMap": client.CoreV1Api(api).create_namespaced_config_map,
         "Secret": client.CoreV1Api(api).create_namespaced_secret,  # the build pool's key (spec.builders)
         "HorizontalPodAutoscaler": client.AutoscalingV2Api(api).create_namespaced_horizontal_pod_autoscaler,
@@ -31,7 +32,8 @@ def create(api: client.ApiClient, obj: dict[str, Any]) -> bool:
         "Job": client.BatchV1Api(api).create_namespaced_job,
         "NetworkPolicy": client.NetworkingV1Api(api).create_namespaced_network_policy,
         "PodDisruptionBudget": client.PolicyV1Api(api).create_namespaced_pod_disruption_budget,  # GPU pools
-    }[kind]
+    }
+    fn = creators[kind]
     try:
         fn(ns, obj)
     except ApiException as e:
@@ -54,7 +56,7 @@ def is_rejection(e: ApiException) -> bool:
 def reason(e: ApiException) -> str:
 
     try:
-        return str(json.loads(e.body).get("message", e.reason))
+        return str(json.loads(e.body or "").get("message", e.reason))
     except (TypeError, ValueError):
         return str(e.reason)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from kubernetes import client
@@ -205,10 +205,12 @@ def reconcile_all(ctx: Context) -> None:
     """One status tick over every job the operator watches."""
     objs = ctx.custom
     if ctx.namespaces:
+        # The client types a custom object as `object`: it is the API server's JSON, a dict.
         items = [j for ns in ctx.namespaces
-                 for j in objs.list_namespaced_custom_object(API_GROUP, API_VERSION, ns, PLURAL)["items"]]
+                 for j in cast(dict[str, Any], objs.list_namespaced_custom_object(API_GROUP, API_VERSION, ns,
+                                                                                  PLURAL))["items"]]
     else:
-        items = objs.list_cluster_custom_object(API_GROUP, API_VERSION, PLURAL)["items"]
+        items = cast(dict[str, Any], objs.list_cluster_custom_object(API_GROUP, API_VERSION, PLURAL))["items"]
     active = [b for b in items if not b["metadata"].get("deletionTimestamp")
               and (b.get("status") or {}).get("phase") not in FINAL]
     if gpupool.needed(ctx, active) or _pools_may_exist(ctx):
