@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from sharetune.api.progress import VERSION as PROGRESS_VERSION
+from sharetune.api.progress import Progress
+from sharetune.api.topology import PROGRESS_FILE
 from sharetune_tuner import records
 
 from .conftest import EXAMPLE
@@ -37,6 +40,12 @@ def test_local_run_tunes_merges_and_beats_untuned(tmp_path: Path) -> None:
     assert "build service stopped: 48 builds (ok 48" in service_log, service_log[-2000:]
     for i in range(2):
         assert "unusable" not in (tmp_path / "run" / "logs" / f"client-{i}.log").read_text()
+        # What each client wrote reads through the contract's Progress, and round-trips.
+        text = (tmp_path / "run" / "shards" / f"shard-{i}" / PROGRESS_FILE).read_text()
+        p = Progress.from_json(text)
+        assert p is not None and p.version == PROGRESS_VERSION and p.state == "done" and p.shard == i
+        assert p.done == shard_totals[i] == sum(t.done for t in p.tasks) <= p.budget and p.best_s
+        assert Progress.from_json(p.to_json()) == p
     # Nothing left running: the run's processes were stopped by process group.
     ps = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True)
     assert ps.stdout.strip() == ""

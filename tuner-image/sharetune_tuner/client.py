@@ -8,7 +8,6 @@ remaining trials of each task: no trial is redone.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -16,10 +15,11 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sharetune.api.progress import Progress, TaskProgress
 from sharetune.api.topology import PROGRESS_FILE
 
 from . import measure_window, metrics, records
@@ -73,55 +73,6 @@ class ClientConfig:
     # away instead of waiting for its next tick: the job's status follows the rounds).
     on_round: Callable[[], None] | None = field(default=None, compare=False, repr=False)
     process_started_at: float | None = None  # time.time() when the process began (start-up report)
-
-
-@dataclass
-class TaskProgress:
-    name: str
-    workload_hash: str
-    budget: int
-    done: int
-    best_s: float | None = None
-
-
-@dataclass
-class Progress:
-    job: str
-    shard: int
-    shards: int
-    state: str = "starting"  # starting, tuning, done, failed
-    budget: int = 0
-    done: int = 0
-    resumed: int = 0  # trials found in the database at start
-    errors: int = 0
-    started_at: float = field(default_factory=time.time)
-    updated_at: float = field(default_factory=time.time)
-    tasks: list[TaskProgress] = field(default_factory=list)
-    message: str = ""
-    # The same in every shard (each computes the same partition): how many shards have a task to
-    # tune (exactly shards 0..useful_shards-1), of the model's tasks_total tasks the budgets give
-    # trials to tasks_to_tune. The operator scales the clients' Job down to useful_shards.
-    useful_shards: int | None = None
-    tasks_total: int | None = None
-    tasks_to_tune: int | None = None
-    phases: dict[str, float] = field(default_factory=dict)  # MetaSchedule profiler totals, seconds
-    # Measurement fidelity on a shared GPU (measure_window.py): per other job, how many of this
-    # shard's candidates were measured while it was on the GPU; candidates measured with no other
-    # job there; measurements that waited past a merge's exclusive window (unfenced) and the wait.
-    co_tenants: dict[str, int] = field(default_factory=dict)
-    measured_alone: int = 0
-    measured_beside_others: int = 0
-    window_wait_s: float = 0.0
-    unfenced: int = 0
-    # Where the start-up went, seconds (process start to run_client, extraction, tensor
-    # intrinsics, tracker wait, first round's records): start-up is fixed cost on every shard.
-    startup: dict[str, Any] = field(default_factory=dict)
-
-    def write(self, path: Path) -> None:
-        self.updated_at = time.time()
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self)))
-        tmp.replace(path)  # readers (local mode, the operator) never see half a file
 
 
 def wait_for_tracker(host: str, port: int, key: str, timeout_s: float) -> int:

@@ -16,7 +16,7 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import yaml
 from sharetune.api import commands
 from sharetune.api.exitcodes import NOT_RESTARTED_LOCALLY, ExitCode, passed_on
 from sharetune.api.gpuenv import NO_MULTICAST
+from sharetune.api.progress import Progress
 from sharetune.api.spec import API_GROUP, API_VERSION, KIND, TuningJobSpec
 from sharetune.api.topology import LOCAL_JOB_FILE, PROGRESS_FILE, SUMMARY_FILE, TENANT_ENV, gpu_groups, in_group
 from sharetune.procs import ProcessGroup, free_port
@@ -245,9 +246,11 @@ class LocalRun:
                 out.append({"shard": i, "state": "clamped", "done": 0, "budget": 0, "tasks": []})
                 continue
             try:
-                out.append(json.loads((self.shard_dir(i) / PROGRESS_FILE).read_text()))
-            except (FileNotFoundError, ValueError):
-                out.append({"shard": i, "state": "starting", "done": 0, "budget": 0, "tasks": []})
+                p = Progress.from_json((self.shard_dir(i) / PROGRESS_FILE).read_text())
+            except FileNotFoundError:
+                p = None
+            out.append(asdict(p) if p is not None else {"shard": i, "state": "starting", "done": 0, "budget": 0,
+                                                        "tasks": []})
         return out
 
     def run_clients(self, on_tick: Any = None, poll_s: float = 0.25) -> None:

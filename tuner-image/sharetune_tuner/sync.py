@@ -13,13 +13,13 @@ before tuning, then resumes from those records.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sharetune.api.progress import Progress
 from sharetune.api.topology import CLIENT_LOG as LOG
 from sharetune.api.topology import PROGRESS_FILE as PROGRESS
 from sharetune.api.topology import shard_object
@@ -166,12 +166,9 @@ class ShardSync:
         self._stop.set()
         self._poked.set()
         path = self.work_dir / PROGRESS
-        try:
-            progress = json.loads(path.read_text()) if path.exists() else {"shard": self.shard}
-        except ValueError:
-            progress = {"shard": self.shard}
-        progress.update(state="failed", message=message)
-        text = json.dumps(progress)
+        progress = Progress.from_json(path.read_text() if path.exists() else None) or Progress("", self.shard, 1)
+        progress.state, progress.message = "failed", message
+        text = progress.to_json()
         sink = self.progress if self.progress is not None else self.store
         try:
             sink.put_text(self.name, PROGRESS, text)

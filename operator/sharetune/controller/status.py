@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..api.progress import Progress
 
 PENDING, RUNNING, MERGING, SUCCEEDED, FAILED = "Pending", "Running", "Merging", "Succeeded", "Failed"
 FINAL = (SUCCEEDED, FAILED)
@@ -52,23 +53,13 @@ class ShardView:
 
     @classmethod
     def from_progress(cls, index: int, text: str | None) -> "ShardView":
-        if not text:
+        """The shard as its client's progress.json says (the contract's Progress); a shard with
+        none yet, or an unreadable one, is starting."""
+        p = Progress.from_json(text)
+        if p is None:
             return cls(index)
-        try:
-            p = json.loads(text)
-        except ValueError:
-            return cls(index)
-        best = [t["best_s"] for t in p.get("tasks", []) if t.get("best_s")]
-
-        def opt(key: str) -> int | None:
-            return None if p.get(key) is None else int(p[key])
-
-        co = p.get("co_tenants") if isinstance(p.get("co_tenants"), dict) else {}
-        return cls(index, p.get("state", "starting"), int(p.get("done", 0)), int(p.get("budget", 0)),
-                   min(best) if best else None, int(p.get("resumed", 0)), str(p.get("message", "")),
-                   opt("useful_shards"), opt("tasks_total"), opt("tasks_to_tune"),
-                   {str(k): int(v) for k, v in co.items()}, int(p.get("measured_alone", 0)),
-                   int(p.get("measured_beside_others", 0)))
+        return cls(index, p.state, p.done, p.budget, p.best_s, p.resumed, p.message, p.useful_shards,
+                   p.tasks_total, p.tasks_to_tune, dict(p.co_tenants), p.measured_alone, p.measured_beside_others)
 
     def as_status(self) -> dict[str, Any]:
         d: dict[str, Any] = {"index": self.index, "state": self.state, "done": self.done, "budget": self.budget}
