@@ -41,7 +41,6 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-sys.path.insert(0, str(ROOT / "tuner-image"))
 
 # Input shapes other than the model's own (fully convolutional models only).
 SHAPES = {"squeezenet": [1, 3, 112, 112], "densenet121": [1, 3, 112, 112]}

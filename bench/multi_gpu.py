@@ -26,10 +26,10 @@ from pathlib import Path
 
 import yaml
 
+from sharetune.api.gpuenv import NO_MULTICAST
+from sharetune.procs import ProcessGroup
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "operator"))
-from sharetune.api.gpuenv import NO_MULTICAST  # noqa: E402
-from sharetune.procs import ProcessGroup  # noqa: E402
 
 
 def gpu_count() -> int:

@@ -23,9 +23,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-for _p in (str(ROOT / "operator"), str(ROOT / "tuner-image")):  # as tuner_env gives the processes
-    if _p not in sys.path:
-        sys.path.append(_p)
 
 # the product's process-group helper; free_port is the cells'
 from sharetune.procs import ProcessGroup, free_port, stop_all  # noqa: E402,F401

@@ -34,8 +34,7 @@ from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Sampler, append_cell, export_results, load_cells, log, tuner_env  # noqa: E402
+from common import Sampler, append_cell, export_results, load_cells, log, tuner_env
 
 ARMS = "h200-multi-job-arms.jsonl"
 EVAL = "h200-multi-job-eval.jsonl"
