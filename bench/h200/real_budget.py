@@ -209,7 +209,7 @@ def machine_state() -> dict[str, Any]:
 
     me = os.getpid()
     left = []
-    for p in psutil.process_iter(["pid", "cmdline", "cpu_percent"]):
+    for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info.get("cmdline") or [])
         if p.info["pid"] != me and ("nvidia-cuda-mps" in cmd or "sharetune_tuner" in cmd or "st_client.py" in cmd
                                     or "baseline_client.py" in cmd or "tvm.exec.popen_worker" in cmd):

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharetune.api.spec import TrialBudget
+from sharetune.api.spec import TrialBudget, useful_minimum
 from sharetune_tuner.partition import (
     TaskInfo,
     budgets,
@@ -17,7 +17,6 @@ from sharetune_tuner.partition import (
     partition,
     shard_of,
     to_tune,
-    useful_minimum,
     useful_shards,
 )
 

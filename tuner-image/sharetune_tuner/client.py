@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sharetune.api.progress import Progress, TaskProgress
+from sharetune.api.spec import useful_minimum
 from sharetune.api.topology import PROGRESS_FILE
 
 from . import measure_window, metrics, records
@@ -29,7 +30,7 @@ from .capped_search import CappedSearch, Measured
 from .cpus import cost_model_threads, default_builder_workers
 from .errors import TrackerError, TunerError
 from .intrinsics import ensure_registered
-from .partition import budgets, partition, to_tune, useful_minimum, useful_shards
+from .partition import budgets, partition, to_tune, useful_shards
 from .tasks import Task, extract
 from .write_ahead import RecordLines, StoreAhead
 

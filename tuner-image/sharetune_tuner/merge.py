@@ -27,13 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from sharetune.api.spec import TuningJobSpec
+from sharetune.api.spec import TuningJobSpec, useful_minimum
 from sharetune.api.topology import SUMMARY_FILE
 
 from . import measure_window, records
 from .errors import TunerError
 from .model import LoadedModel, load_for_spec, model_errors
-from .partition import budgets, useful_minimum
+from .partition import budgets
 from .targets import device_for, make_target
 from .tasks import extract
 

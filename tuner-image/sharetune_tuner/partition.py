@@ -9,8 +9,6 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from sharetune.api.spec import TrialBudget
-
 
 @dataclass(frozen=True)
 class TaskInfo:
@@ -67,11 +65,6 @@ def useful_shards(bins: list[list[TaskInfo]]) -> int:
     scaled down to n (an elastic Indexed Job drops the highest indexes) keeps every task. At least
     1: a model with nothing to tune still has one client, whose empty shard the merge reads."""
     return max(1, sum(1 for b in bins if b))
-
-
-def useful_minimum(per_task: int, per_iteration: int) -> int:
-    """The fewest trials worth spending on a task (the spec's ``TrialBudget.useful_minimum``)."""
-    return TrialBudget(total=per_task, per_task=per_task, per_iteration=per_iteration).useful_minimum
 
 
 def _fill(tasks: list[TaskInfo], total: int, per_task: int) -> dict[str, int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import difflib
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -108,6 +109,15 @@ class ModelSpec:
     input_shape: tuple[int, ...] | None = None
 
 
+def useful_minimum(per_task: int, per_iteration: int) -> int:
+    """The fewest trials worth spending on a task: two search rounds, and at least 8 (capped at
+    ``per_task``). A task's first round is mostly random candidates (the cost model has seen none
+    of its measurements); the second is the first one a trained cost model picks. Fewer trials
+    than that rarely beat TVM's default schedule (DLight on GPUs): ResNet-18 with 96 trials over
+    22 tasks (1-5 each) ended 0.83x of untuned on an H200."""
+    return max(1, min(per_task, max(2 * per_iteration, 8)))
+
+
 @dataclass(frozen=True)
 class TrialBudget:
     total: int = 64
@@ -116,12 +126,8 @@ class TrialBudget:
 
     @property
     def useful_minimum(self) -> int:
-        """The fewest trials worth spending on a task: two search rounds, and at least 8 (capped
-        at ``per_task``). A task's first round is mostly random candidates (the cost model has
-        seen none of its measurements); the second is the first one a trained cost model picks.
-        Fewer trials than that rarely beat TVM's default schedule (DLight on GPUs): ResNet-18 with
-        96 trials over 22 tasks (1-5 each) ended 0.83x of untuned on an H200."""
-        return max(1, min(self.per_task, max(2 * self.per_iteration, 8)))
+        """The fewest trials worth spending on a task (:func:`useful_minimum`)."""
+        return useful_minimum(self.per_task, self.per_iteration)
 
     @property
     def max_tuned_tasks(self) -> int:
@@ -582,7 +588,10 @@ def _manifest_text(source: str | Path) -> str:
 # Parsed specs of live objects, by (uid, generation): the API server bumps metadata.generation on
 # every change of spec (not of status), so a job's spec is parsed once per change, however many
 # handlers and ticks read it. A bad spec is remembered too: its error is raised again, unparsed.
+# kopf runs sync handlers in a thread pool, so the cache is locked (an unlocked move_to_end can
+# meet another thread's eviction of the same key).
 _PARSED: OrderedDict[tuple[str, int], TuningJobSpec | SpecError] = OrderedDict()
+_PARSED_LOCK = threading.Lock()
 PARSED_CACHE_SIZE = 1024
 
 
@@ -594,17 +603,19 @@ def spec_of(body: Mapping[str, Any]) -> TuningJobSpec:
     if not uid or gen is None:
         return parse_spec(str(meta.get("name")), dict(body.get("spec") or {}))
     key = (str(uid), int(gen))
-    got = _PARSED.get(key)
-    if got is None:
+    with _PARSED_LOCK:
+        got = _PARSED.get(key)
+        if got is not None:
+            _PARSED.move_to_end(key)
+    if got is None:  # parsed outside the lock: two threads may both parse a new key, harmlessly
         try:
             got = parse_spec(str(meta.get("name")), copy.deepcopy(dict(body.get("spec") or {})))
         except SpecError as e:
             got = e
-        _PARSED[key] = got
-        while len(_PARSED) > PARSED_CACHE_SIZE:
-            _PARSED.popitem(last=False)
-    else:
-        _PARSED.move_to_end(key)
+        with _PARSED_LOCK:
+            _PARSED[key] = got
+            while len(_PARSED) > PARSED_CACHE_SIZE:
+                _PARSED.popitem(last=False)
     if isinstance(got, SpecError):
         raise SpecError(str(got))
     return got
