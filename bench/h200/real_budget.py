@@ -132,6 +132,14 @@ def _cell_args(a: argparse.Namespace, wd_id: str) -> argparse.Namespace:
     return tune_cell.parser().parse_args([*common, "--mode", "baseline", "--tasks", "0", "--trials", str(a.total)])
 
 
+def _evolution(a: argparse.Namespace) -> str:
+    """The sharetune arm's evolutionary search, PxG, as its clients will read it (a bad value
+    stops the arm here, with the client's own message)."""
+    from sharetune_tuner.client import parse_evolution  # TVM's import time only where it is used
+
+    return str(parse_evolution(getattr(a, "evolution", "") or ""))
+
+
 def knobs(a: argparse.Namespace, cores: int) -> dict[str, Any]:
     base = {"total_trials": a.total, "target": a.target, "seed": a.seed, "window_s": a.window_s}
     if a.arm == "stock":
@@ -151,8 +159,8 @@ def knobs(a: argparse.Namespace, cores: int) -> dict[str, Any]:
             "builder": "one build service for all clients (PooledBuilder, host's cores)",
             "runner": "SessionRPCRunner",
             "search": ("client default: a shard's tasks round-robin in one tune_tasks call; each task's first round "
-                       "by random sampling (replay) while the cost model is cold, then evolutionary, 8 x batch "
-                       "population"),
+                       "by random sampling (replay) while the cost model is cold, then evolutionary"),
+            "evolution": _evolution(a),
             "cost_model": "xgb"}
 
 
@@ -267,6 +275,8 @@ def tune(a: argparse.Namespace) -> int:
     profiler = _profile_later(aid, a.profile_at_s, a.profile_s, a.profile_native) if a.profile_s else None
     try:
         if a.arm == "sharetune":
+            if a.evolution:  # read by each client (ClientConfig.evolution), checked before the window
+                os.environ["SHARETUNE_EVOLUTION"] = _evolution(a)
             r = tune_cell.run_sharetune(ca, wd)
         elif a.arm == "stock-tuned":
             r = tune_cell.run_baseline(ca, wd, servers=a.servers, runner_workers=a.servers,
@@ -908,6 +918,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="stock arms: LocalBuilder timeout_sec (TVM's default: 30)")
     t.add_argument("--clients", type=int, default=ST_CLIENTS, help="sharetune")
     t.add_argument("--pct", type=int, default=ST_PCT, help="sharetune: MPS thread percentage per server")
+    t.add_argument("--evolution", default="", help="sharetune: the clients' evolutionary search as PxG "
+                   "(population per candidate x generations; SHARETUNE_EVOLUTION; default: the client's, 8x4)")
     t.add_argument("--per-iter", type=int, default=ST_PER_ITER, help="sharetune: candidates per round")
     t.add_argument("--per-task", type=int, default=ST_PER_TASK, help="sharetune: trials per task at most")
     t.add_argument("--force", action="store_true")

@@ -99,3 +99,14 @@ def test_short_keeps_the_population_with_one_generation_while_cold() -> None:
     cold = search_strategy(short, "short")
     assert (cold.population_size, cold.genetic_num_iters) == (128, 1)
     assert search_strategy(short).genetic_num_iters == 4  # later rounds: stock
+
+
+def test_the_evolution_after_the_first_round_takes_its_shape_from_the_variable(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("SHARETUNE_EVOLUTION", raising=False)
+    assert str(_cfg().evolution) == "8x4"  # stock MetaSchedule's population ratio and generations
+    monkeypatch.setenv("SHARETUNE_EVOLUTION", "4x2")
+    evo = search_strategy(_cfg(trials_per_iter=16))
+    assert (evo.population_size, evo.genetic_num_iters, evo.init_min_unmeasured) == (64, 2, 32)
+    monkeypatch.setenv("SHARETUNE_EVOLUTION", "4")
+    with pytest.raises(TunerError, match=r"SHARETUNE_EVOLUTION='4' is not PxG: .* e\.g\. 8x4"):
+        _cfg()

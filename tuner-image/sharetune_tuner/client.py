@@ -39,6 +39,34 @@ PROGRESS = PROGRESS_FILE
 MEASURE_LOG = "measure-windows.jsonl"  # one line per measurement: co-tenants, window wait
 
 
+EVOLUTION_ENV = "SHARETUNE_EVOLUTION"
+
+
+@dataclass(frozen=True)
+class Evolution:
+    """Evolutionary search sized to the batch (:func:`search_strategy`): ``population_per_candidate``
+    x the batch (64..512) and ``generations`` of mutation. The defaults are stock MetaSchedule's
+    ratio (512 for 64) and generations (4); a round's CPU grows with both."""
+
+    population_per_candidate: int = 8
+    generations: int = 4
+
+    def __str__(self) -> str:
+        return f"{self.population_per_candidate}x{self.generations}"
+
+
+def parse_evolution(text: str) -> Evolution:
+    """``PxG`` (SHARETUNE_EVOLUTION), e.g. ``8x4``; empty: the defaults. Anything else is a usage
+    error naming the variable and the form, not a silent fallback."""
+    if not text.strip():
+        return Evolution()
+    p, sep, g = text.strip().lower().partition("x")
+    if not sep or not p.isdigit() or not g.isdigit() or not 1 <= int(p) <= 64 or not 1 <= int(g) <= 16:
+        raise TunerError(f"{EVOLUTION_ENV}={text!r} is not PxG: population per candidate 1-64 x generations 1-16, "
+                         "e.g. 8x4 (the default)")
+    return Evolution(int(p), int(g))
+
+
 @dataclass
 class ClientConfig:
     job: str
@@ -57,7 +85,10 @@ class ClientConfig:
     builder_workers: int | None = None  # None: cpus.default_builder_workers(clients_on_host)
     clients_on_host: int = 1  # clients sharing this host's CPUs (local mode: every job's shards)
     build_service: Path | None = None  # the host's shared builder pool (build_service.py), if any
-    population_size: int | None = None  # evolutionary search; None = sized to the batch
+    population_size: int | None = None  # evolutionary search; None = sized to the batch (evolution)
+    # The evolutionary search's shape after a task's first round (SHARETUNE_EVOLUTION, "PxG"):
+    # P candidates of population per candidate of the batch, G generations of mutation.
+    evolution: Evolution = field(default_factory=lambda: parse_evolution(os.environ.get(EVOLUTION_ENV) or ""))
     # The search of a task's first round while the cost model cannot rank candidates yet
     # (first_round_search): one of COLD_SEARCHES or "evolutionary" (stock throughout).
     cold_search: str = field(default_factory=lambda: os.environ.get("SHARETUNE_COLD_SEARCH", DEFAULT_COLD_SEARCH))
@@ -207,12 +238,14 @@ def search_strategy(cfg: ClientConfig, search: str = "evolutionary") -> Any:
 
     if search == "replay":
         return ms.search_strategy.ReplayTrace(max_fail_count=REPLAY_MAX_FAIL_COUNT)
-    stock = cfg.population_size or max(64, min(512, 8 * cfg.trials_per_iter))
+    evo = cfg.evolution
+    stock = cfg.population_size or max(64, min(512, evo.population_per_candidate * cfg.trials_per_iter))
     if search == "short":
         return ms.search_strategy.EvolutionarySearch(population_size=stock, genetic_num_iters=1,
                                                      init_min_unmeasured=min(50, stock // 2))
     if search != "lite":
-        return ms.search_strategy.EvolutionarySearch(population_size=stock, init_min_unmeasured=min(50, stock // 2))
+        return ms.search_strategy.EvolutionarySearch(population_size=stock, genetic_num_iters=evo.generations,
+                                                     init_min_unmeasured=min(50, stock // 2))
     population = max(16, LITE_POPULATION_PER_CANDIDATE * cfg.trials_per_iter)
     # The initial sampling gives up (and MetaSchedule ends the task, with no trial) after
     # max_fail_count rounds of `population` draws without one valid schedule. CUDA tasks whose
