@@ -228,8 +228,12 @@ def test_progress_goes_with_the_shard_and_to_the_sink(tmp_path: Path) -> None:
 
     alone: Any = _FakeStore()
     ShardSync(alone, None, 0, work).fail("model broke")
-    assert json.loads(alone.texts[("shard-0", "progress.json")]) == {"shard": 0, "done": 2, "state": "failed",
-                                                                    "message": "model broke"}
+    # The failure report is the shard's progress as it was, failed, written as the contract's Progress.
+    from sharetune.api.progress import Progress
+
+    failed = Progress.from_json(alone.texts[("shard-0", "progress.json")])
+    assert failed is not None
+    assert (failed.shard, failed.done, failed.state, failed.message) == (0, 2, "failed", "model broke")
 
 
 def test_s3_cleanup_deletes_every_object_of_the_job_and_nothing_else(s3_env, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
