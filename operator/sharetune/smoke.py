@@ -35,14 +35,22 @@ def result_worth(status: dict[str, Any]) -> str:
     return f"{status.get('bestSpeedup')}x faster than untuned"
 
 
-def run(a: argparse.Namespace) -> int:
+def custom_objects_api() -> Any:
+    """The TuningJob API of the cluster this runs in, else of the current kubeconfig (KUBECONFIG
+    read now, not at import)."""
     from kubernetes import client, config
 
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-    api = client.CustomObjectsApi()
+    return client.CustomObjectsApi()
+
+
+def run(a: argparse.Namespace) -> int:
+    from kubernetes import client
+
+    api = custom_objects_api()
     body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "TuningJob", "metadata": {"name": a.name},
             "spec": TINY}
     try:

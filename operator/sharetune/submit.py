@@ -13,7 +13,7 @@ from typing import Any
 
 from .api.exitcodes import ExitCode
 from .api.spec import API_GROUP, API_VERSION, PLURAL, SpecError, load_job, manifest_doc
-from .smoke import result_worth
+from .smoke import custom_objects_api, result_worth
 
 POLL_S = 2.0
 DONE = ("Succeeded", "Failed")
@@ -29,14 +29,12 @@ class Submitted:
         return f"tuningjob {self.namespace}/{self.name}"
 
 
-def _client() -> Any:
-    from kubernetes import client, config
+class Refused(Exception):
+    """The API server refused to create a job: one line naming the fix, and the exit code."""
 
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-    return client.CustomObjectsApi()
+    def __init__(self, message: str, code: ExitCode) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def default_namespace() -> str:
@@ -50,16 +48,19 @@ def default_namespace() -> str:
     return str((active or {}).get("context", {}).get("namespace") or "default")
 
 
-def _refusal(e: Any, sub: Submitted) -> str:
-    """What an API refusal means for the user, in one line naming the fix."""
+def _refusal(e: Any, sub: Submitted) -> Refused:
+    """What an API refusal means for the user: the job as written (a name taken, a value the API
+    server rejects) is a usage error; a cluster without sharetune, rights or an answer is not."""
     if e.status == 409:
-        return (f"{sub.ref} already exists: delete it (kubectl delete tj {sub.name} -n {sub.namespace}) "
-                "or give this one another metadata.name")
+        return Refused(f"{sub.ref} already exists: delete it (kubectl delete tj {sub.name} -n {sub.namespace}) "
+                       "or give this one another metadata.name", ExitCode.USAGE)
     if e.status == 404:
-        return (f"the cluster has no TuningJob API ({API_GROUP}/{API_VERSION}) or no namespace {sub.namespace!r}: "
-                "install sharetune there (docs/install.md), or run it here with --local")
+        return Refused(f"the cluster has no TuningJob API ({API_GROUP}/{API_VERSION}) or no namespace "
+                       f"{sub.namespace!r}: install sharetune there (docs/install.md), or run it here with --local",
+                       ExitCode.UNEXPECTED)
     if e.status in (401, 403):
-        return f"the cluster refused to create {sub.ref} ({e.status} {e.reason}): check your kubeconfig's rights"
+        return Refused(f"the cluster refused to create {sub.ref} ({e.status} {e.reason}): check your kubeconfig's "
+                       "rights", ExitCode.UNEXPECTED)
     if e.status == 422:
         import json
 
@@ -67,13 +68,13 @@ def _refusal(e: Any, sub: Submitted) -> str:
             detail = json.loads(e.body).get("message")
         except (TypeError, ValueError):
             detail = e.body
-        return f"the API server rejected {sub.ref}: {detail}"
-    return f"creating {sub.ref} failed: {e.status} {e.reason}"
+        return Refused(f"the API server rejected {sub.ref}: {detail}", ExitCode.USAGE)
+    return Refused(f"creating {sub.ref} failed: {e.status} {e.reason}", ExitCode.UNEXPECTED)
 
 
 def submit(api: Any, path: Path, namespace: str | None) -> Submitted:
     """Validates the manifest as local mode would, then creates it. Raises SpecError for a bad
-    manifest and RuntimeError (one line) for a refusal."""
+    manifest and Refused for a refusal."""
     from kubernetes.client import ApiException
 
     doc = manifest_doc(path)
@@ -85,7 +86,7 @@ def submit(api: Any, path: Path, namespace: str | None) -> Submitted:
     try:
         api.create_namespaced_custom_object(API_GROUP, API_VERSION, ns, PLURAL, body)
     except ApiException as e:
-        raise RuntimeError(_refusal(e, sub)) from None
+        raise _refusal(e, sub) from None
     return sub
 
 
@@ -152,7 +153,7 @@ def run(a: argparse.Namespace) -> int:
 
     console = Console()
     try:
-        api = _client()
+        api = custom_objects_api()
     except Exception as e:  # no kubeconfig, a broken one: one line, then the local alternative
         console.print(f"error: no cluster to submit to ({type(e).__name__}: {e}); set KUBECONFIG, "
                       "or run the job on this machine with --local", soft_wrap=True, markup=False)
@@ -164,10 +165,9 @@ def run(a: argparse.Namespace) -> int:
         except SpecError as e:
             console.print(f"error: {path}: {e}", soft_wrap=True, markup=False)
             return int(ExitCode.USAGE)
-        except RuntimeError as e:
+        except Refused as e:
             console.print(f"error: {path}: {e}", soft_wrap=True, markup=False)
-            return (int(ExitCode.USAGE) if "already exists" in str(e) or "rejected" in str(e)
-                    else int(ExitCode.UNEXPECTED))
+            return int(e.code)
         console.print(f"{subs[-1].ref} created", markup=False)
     if a.detach:
         for s in subs:
