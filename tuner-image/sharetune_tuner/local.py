@@ -240,17 +240,19 @@ class LocalRun:
         return self.clamped_to or self.spec.shards
 
     def progress(self) -> list[dict[str, Any]]:
+        """Each shard's progress as its client wrote it; a shard without a readable one is starting,
+        one the clamp removed is "clamped"."""
         out: list[dict[str, Any]] = []
         for i in range(self.spec.shards):
-            if i >= self.client_shards:
-                out.append({"shard": i, "state": "clamped", "done": 0, "budget": 0, "tasks": []})
-                continue
-            try:
-                p = Progress.from_json((self.shard_dir(i) / PROGRESS_FILE).read_text())
-            except FileNotFoundError:
-                p = None
-            out.append(asdict(p) if p is not None else {"shard": i, "state": "starting", "done": 0, "budget": 0,
-                                                        "tasks": []})
+            p = None
+            if i < self.client_shards:
+                try:
+                    p = Progress.from_json((self.shard_dir(i) / PROGRESS_FILE).read_text())
+                except FileNotFoundError:
+                    pass
+            else:
+                p = Progress(self.spec.name, i, self.spec.shards, state="clamped")
+            out.append(asdict(p or Progress(self.spec.name, i, self.spec.shards)))
         return out
 
     def run_clients(self, on_tick: Any = None, poll_s: float = 0.25) -> None:

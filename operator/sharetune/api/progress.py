@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 VERSION = 1
-STATES = ("starting", "tuning", "done", "failed")
 
 
 @dataclass
@@ -39,7 +38,7 @@ class Progress:
     job: str
     shard: int
     shards: int
-    state: str = "starting"  # one of STATES
+    state: str = "starting"  # starting, tuning, done, failed
     budget: int = 0
     done: int = 0
     resumed: int = 0  # trials found in the database at start
