@@ -50,7 +50,7 @@ def measure(network: str, k: int, rounds: int, variants: list[str], batch: int, 
     os.environ.setdefault("SHARETUNE_CUDA_ARCH", "sm_90a")
     from tvm.s_tir import meta_schedule as ms
 
-    from sharetune_tuner.client import parse_evolution
+    from sharetune_tuner.client import ClientConfig, parse_evolution, search_strategy
     from sharetune_tuner.intrinsics import ensure_registered
     from sharetune_tuner.model import load
     from sharetune_tuner.partition import order
@@ -66,13 +66,15 @@ def measure(network: str, k: int, rounds: int, variants: list[str], batch: int, 
                            "batch": batch, "seed": seed, "target": str(target.attrs.get("arch")), "variants": {}}
     for v in variants:
         evo = parse_evolution(v)
-        population = max(64, min(512, evo.population_per_candidate * batch))
+        # The client's own search for a task's later rounds (client.search_strategy).
+        cfg = ClientConfig(job="search-cost", shard=0, shards=1, work_dir=Path("."), tracker_host="", tracker_port=0,
+                           tracker_key="", servers=1, total_trials=batch * (rounds + 1),
+                           trials_per_task=batch * (rounds + 1), trials_per_iter=batch, evolution=evo)
+        population = evo.population(batch)
         per_task = []
         for i, task in enumerate(tasks):
             rng = random.Random(seed * 1000 + i)
-            strategy = ms.search_strategy.EvolutionarySearch(population_size=population,
-                                                             genetic_num_iters=evo.generations,
-                                                             init_min_unmeasured=min(50, population // 2))
+            strategy = search_strategy(cfg)
             ctx = ms.TuneContext(task.workload, target=target, space_generator="post-order-apply",
                                  search_strategy=strategy, task_name=task.info.name, rand_state=seed,
                                  num_threads=1)

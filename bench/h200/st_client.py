@@ -21,17 +21,10 @@ def _k_heaviest(mod, target):  # type: ignore[no-untyped-def]
 
 client.extract = _k_heaviest
 
-# Sweep knob (BENCH_POP_PER_CAND): the evolutionary population per candidate of a batch, instead
-# of the client's default (32 per candidate, 64..512). Unset = the client's default.
+# Sweep knob (BENCH_POP_PER_CAND): the evolutionary population per candidate of a batch, with
+# the default generations: the client's own SHARETUNE_EVOLUTION. Unset = the client's default.
 if os.environ.get("BENCH_POP_PER_CAND"):
-    _per = int(os.environ["BENCH_POP_PER_CAND"])
-    _strategy = client.search_strategy
-
-    def _sized(cfg, *args):  # type: ignore[no-untyped-def]
-        cfg.population_size = max(64, min(512, _per * cfg.trials_per_iter))
-        return _strategy(cfg, *args)
-
-    client.search_strategy = _sized
+    os.environ["SHARETUNE_EVOLUTION"] = f"{int(os.environ['BENCH_POP_PER_CAND'])}x{client.Evolution().generations}"
 
 # Sweep knob (BENCH_COLD_SEARCH=replay|lite|short|evolutionary): the client's search while its cost model is
 # cold, in a task's first round (client.first_round_search); unset = the client's default (replay).

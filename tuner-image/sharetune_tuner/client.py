@@ -54,6 +54,9 @@ class Evolution:
     def __str__(self) -> str:
         return f"{self.population_per_candidate}x{self.generations}"
 
+    def population(self, batch: int) -> int:
+        return max(64, min(512, self.population_per_candidate * batch))
+
 
 def parse_evolution(text: str) -> Evolution:
     """``PxG`` (SHARETUNE_EVOLUTION), e.g. ``8x4``; empty: the defaults. Anything else is a usage
@@ -239,7 +242,7 @@ def search_strategy(cfg: ClientConfig, search: str = "evolutionary") -> Any:
     if search == "replay":
         return ms.search_strategy.ReplayTrace(max_fail_count=REPLAY_MAX_FAIL_COUNT)
     evo = cfg.evolution
-    stock = cfg.population_size or max(64, min(512, evo.population_per_candidate * cfg.trials_per_iter))
+    stock = cfg.population_size or evo.population(cfg.trials_per_iter)
     if search == "short":
         return ms.search_strategy.EvolutionarySearch(population_size=stock, genetic_num_iters=1,
                                                      init_min_unmeasured=min(50, stock // 2))
