@@ -94,6 +94,19 @@ def arm_id(network: str, seed: int, arm: str) -> str:
     return f"rb-{network}-s{seed}-{arm}"
 
 
+# A sharetune arm run with a search other than the client's default is a variant, kept beside the
+# shipped arm (never in its place): ``sharetune-e4x4``. Variants are evaluated with the arms of their
+# (network, seed) and reported as rows; the ratios and goals are the shipped arm's.
+VARIANT_PREFIX = "sharetune-e"
+
+
+def arm_name(arm: str, evolution: str, default_evolution: str) -> str:
+    """The arm as recorded: ``sharetune`` with a non-default evolution is a variant."""
+    if arm == "sharetune" and evolution and evolution != default_evolution:
+        return f"{VARIANT_PREFIX}{evolution}"
+    return arm
+
+
 def eval_id(network: str, seed: int) -> str:
     return f"rbeval-{network}-s{seed}"
 
@@ -245,8 +258,10 @@ def _pack(wd: Path, db_dirs: list[str], cell: dict[str, Any], dest: Path) -> int
 
 def tune(a: argparse.Namespace) -> int:
     import tune_cell
+    from sharetune_tuner.client import Evolution
 
-    aid = arm_id(a.network, a.seed, a.arm)
+    name = arm_name(a.arm, _evolution(a) if a.evolution else "", str(Evolution()))
+    aid = arm_id(a.network, a.seed, name)
     if aid in load_cells(ARMS_FILE) and not a.force:
         log(f"{aid}: already done, skipped")
         return 0
@@ -306,7 +321,7 @@ def tune(a: argparse.Namespace) -> int:
               if a.arm != "sharetune" and client_log.is_file() else {})
     first = min((ts[0] for ts in times.values() if ts), default=None)
     cell = {
-        "id": aid, "network": a.network, "arm": a.arm, "seed": a.seed, "target": a.target, "gpu": gpu_name(),
+        "id": aid, "network": a.network, "arm": name, "seed": a.seed, "target": a.target, "gpu": gpu_name(),
         "machine": machine_id(), "cores": cores, "knobs": knobs(a, cores), "window_s": a.window_s,
         "started_at": round(t0, 2), "wall_s": round(t1 - t0, 2),
         # stopped by the window (the budget was not exhausted), or finished before it
@@ -488,8 +503,12 @@ def models_pack(network: str, seed: int) -> Path:
 
 
 def _arms_of(network: str, seed: int) -> dict[str, dict[str, Any]]:
+    """The arms of one (network, seed), shipped ones and variants, by arm name."""
     cells = load_cells(ARMS_FILE)
-    return {arm: cells[arm_id(network, seed, arm)] for arm in ARMS if arm_id(network, seed, arm) in cells}
+    out = {arm: cells[arm_id(network, seed, arm)] for arm in ARMS if arm_id(network, seed, arm) in cells}
+    variants = arm_id(network, seed, VARIANT_PREFIX)
+    out.update({c["arm"]: c for k, c in sorted(cells.items()) if k.startswith(variants)})
+    return out
 
 
 def _sources(arms: dict[str, dict[str, Any]]) -> dict[str, str]:

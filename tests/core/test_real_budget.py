@@ -134,3 +134,18 @@ def test_a_baseline_that_lost_builds_to_its_timeout_is_reported_but_not_aggregat
     vs = rb.summarize_cells(arms, evs)["resnet50"]["vs"]["stock"]
     assert vs["throughput_ratio"]["geomean"] == 4.0 and vs["seeds"] == [0] and vs["left_out"] == [1]
     assert vs["per_seed"][1]["not_a_fair_baseline"] == "lost 4 of 69 builds to LocalBuilder's 30-s timeout"
+
+
+def test_a_search_variant_is_kept_beside_the_shipped_arm_not_in_its_place() -> None:
+    assert rb.arm_name("sharetune", "4x4", "8x4") == "sharetune-e4x4"
+    assert rb.arm_name("sharetune", "8x4", "8x4") == "sharetune"  # the default named explicitly
+    assert rb.arm_name("sharetune", "", "8x4") == "sharetune"
+    assert rb.arm_name("stock", "4x4", "8x4") == "stock"
+    arms, runs = {}, {}
+    for arm, tps, ms in (("stock", 0.5, 8.0), ("sharetune", 2.0, 5.0), ("sharetune-e4x4", 3.0, 4.0)):
+        arms[rb.arm_id("resnet50", 0, arm)] = {"trials_per_s": tps, "window_s": 240, "machine": "m", "trials": 1}
+        runs[arm] = {"run": rb.arm_id("resnet50", 0, arm), "curve": [{"t": 240, "median_ms": ms}]}
+    evs = {"e": {"network": "resnet50", "seed": 0, "untuned_ms": 10.0, "arms": runs}}
+    n = rb.summarize_cells(arms, evs)["resnet50"]
+    assert n["vs"]["stock"]["throughput_ratio"]["geomean"] == 4.0  # the shipped arm's, not the variant's
+    assert n["runs"][0]["arms"]["sharetune-e4x4"]["speedup_vs_untuned"] == 2.5
