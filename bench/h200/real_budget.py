@@ -743,6 +743,14 @@ def aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _aggregated(vs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per baseline: the per-seed rows, their geometric means and worst runs. A baseline that lost
+    builds to its own timeout is reported, never aggregated (nor judged)."""
+    return {b: {"per_seed": rows, **aggregate([r for r in rows if "not_a_fair_baseline" not in r]),
+                "left_out": [r["seed"] for r in rows if "not_a_fair_baseline" in r]}
+            for b, rows in vs.items() if rows}
+
+
 def summarize_cells(arm_cells: dict[str, dict[str, Any]], eval_cells: dict[str, dict[str, Any]],
                     tol: float = TTQ_TOLERANCE) -> dict[str, Any]:
     """The results table: per network and baseline, the ratios per seed, their geometric means
@@ -781,21 +789,22 @@ def summarize_cells(arm_cells: dict[str, dict[str, Any]], eval_cells: dict[str, 
                                 **({"cpu_core_s_by_role": s["cpu_core_s_by_role"]} if s["cpu_core_s_by_role"] else {})}
             n["speedup"].setdefault(arm, []).append(sp)
         n["runs"].append(run)
-        if "sharetune" in sides:
+        for st in [x for x in sides if x == "sharetune" or x.startswith(VARIANT_PREFIX)]:
+            into = n["vs"] if st == "sharetune" else n.setdefault("variants", {}).setdefault(
+                st, {b: [] for b in BASELINES})
             for b in BASELINES:
                 if b in sides:
-                    c = compare(sides[b], sides["sharetune"], tol)
+                    c = compare(sides[b], sides[st], tol)
                     c["seed"] = seed
-                    c["same_machine"] = sides[b]["machine"] == sides["sharetune"]["machine"]
-                    c["equal_windows"] = sides[b]["window_s"] == sides["sharetune"]["window_s"]
+                    c["same_machine"] = sides[b]["machine"] == sides[st]["machine"]
+                    c["equal_windows"] = sides[b]["window_s"] == sides[st]["window_s"]
                     if sides[b]["unfair"]:
                         c["not_a_fair_baseline"] = sides[b]["unfair"]
-                    n["vs"][b].append(c)
+                    into[b].append(c)
     for net, n in networks.items():
-        # a baseline that lost builds to its own timeout is reported, never aggregated (nor judged)
-        n["vs"] = {b: {"per_seed": rows, **aggregate([r for r in rows if "not_a_fair_baseline" not in r]),
-                       "left_out": [r["seed"] for r in rows if "not_a_fair_baseline" in r]}
-                   for b, rows in n["vs"].items() if rows}
+        n["vs"] = _aggregated(n["vs"])
+        # variants: the same ratios for a search other than the shipped one, never judged as goals
+        n["variants"] = {v: {"vs": _aggregated(rows)} for v, rows in n.get("variants", {}).items()}
         n["speedup_vs_untuned"] = {arm: {"geomean": gmean(v), "worst": min((x for x in v if x), default=None),
                                          "per_seed": v} for arm, v in n.pop("speedup").items()}
     return networks
@@ -938,7 +947,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--clients", type=int, default=ST_CLIENTS, help="sharetune")
     t.add_argument("--pct", type=int, default=ST_PCT, help="sharetune: MPS thread percentage per server")
     t.add_argument("--evolution", default="", help="sharetune: the clients' evolutionary search as PxG "
-                   "(population per candidate x generations; SHARETUNE_EVOLUTION; default: the client's, 8x4)")
+                   "(population per candidate x generations; SHARETUNE_EVOLUTION; default: the client's, 4x4)")
     t.add_argument("--per-iter", type=int, default=ST_PER_ITER, help="sharetune: candidates per round")
     t.add_argument("--per-task", type=int, default=ST_PER_TASK, help="sharetune: trials per task at most")
     t.add_argument("--force", action="store_true")

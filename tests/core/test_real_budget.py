@@ -149,3 +149,4 @@ def test_a_search_variant_is_kept_beside_the_shipped_arm_not_in_its_place() -> N
     n = rb.summarize_cells(arms, evs)["resnet50"]
     assert n["vs"]["stock"]["throughput_ratio"]["geomean"] == 4.0  # the shipped arm's, not the variant's
     assert n["runs"][0]["arms"]["sharetune-e4x4"]["speedup_vs_untuned"] == 2.5
+    assert n["variants"]["sharetune-e4x4"]["vs"]["stock"]["throughput_ratio"]["geomean"] == 6.0

@@ -79,7 +79,7 @@ def test_the_strategies() -> None:
     assert isinstance(replay, ms.search_strategy.ReplayTrace)
     assert replay.max_fail_count == 400  # stock 100 left ~7% of the heaviest CUDA conv's slots empty
     evo = search_strategy(_cfg(trials_per_iter=16))
-    assert isinstance(evo, ms.search_strategy.EvolutionarySearch) and evo.population_size == 128
+    assert isinstance(evo, ms.search_strategy.EvolutionarySearch) and evo.population_size == 64  # 4 per candidate
 
 
 def test_lite_keeps_evolution_with_a_population_sized_to_the_batch() -> None:
@@ -87,26 +87,26 @@ def test_lite_keeps_evolution_with_a_population_sized_to_the_batch() -> None:
     assert first_round_search(lite, ms.CostModel.create("xgb", num_tuning_cores=1), 0) == "lite"
     cold = search_strategy(lite, "lite")
     assert isinstance(cold, ms.search_strategy.EvolutionarySearch)
-    # 2 per candidate instead of 8: the same generations over a quarter of the population
+    # 2 per candidate instead of 4: the same generations over half the population
     assert cold.population_size == 32 and cold.init_min_unmeasured == 16
-    assert cold.max_fail_count == 20  # as many draws before giving up as the stock 128 x 5
+    assert cold.max_fail_count == 10  # as many draws before giving up as the evolutionary 64 x 5
     assert cold.genetic_num_iters == search_strategy(lite).genetic_num_iters
-    assert search_strategy(lite).population_size == 128  # later rounds: stock sizing
+    assert search_strategy(lite).population_size == 64  # later rounds: the evolutionary sizing
 
 
 def test_short_keeps_the_population_with_one_generation_while_cold() -> None:
     short = _cfg(cold_search="short", trials_per_iter=16)
     cold = search_strategy(short, "short")
-    assert (cold.population_size, cold.genetic_num_iters) == (128, 1)
-    assert search_strategy(short).genetic_num_iters == 4  # later rounds: stock
+    assert (cold.population_size, cold.genetic_num_iters) == (64, 1)
+    assert search_strategy(short).genetic_num_iters == 4  # later rounds: the evolutionary generations
 
 
 def test_the_evolution_after_the_first_round_takes_its_shape_from_the_variable(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.delenv("SHARETUNE_EVOLUTION", raising=False)
-    assert str(_cfg().evolution) == "8x4"  # stock MetaSchedule's population ratio and generations
+    assert str(_cfg().evolution) == "4x4"  # half stock's population ratio, its generations
     monkeypatch.setenv("SHARETUNE_EVOLUTION", "4x2")
     evo = search_strategy(_cfg(trials_per_iter=16))
     assert (evo.population_size, evo.genetic_num_iters, evo.init_min_unmeasured) == (64, 2, 32)
     monkeypatch.setenv("SHARETUNE_EVOLUTION", "4")
-    with pytest.raises(TunerError, match=r"SHARETUNE_EVOLUTION='4' is not PxG: .* e\.g\. 8x4"):
+    with pytest.raises(TunerError, match=r"SHARETUNE_EVOLUTION='4' is not PxG: .* e\.g\. 4x4"):
         _cfg()
