@@ -80,14 +80,16 @@ def exclusive() -> list[dict[str, Any]]:
 
 
 def pool() -> list[dict[str, Any]]:
-    """Mode pool: the operator's daemon of one GPU, its PodDisruptionBudget, a job placed there."""
+    """Mode pool: the operator's daemon of one GPU, its identity and PodDisruptionBudget, a job placed
+    there."""
     from sharetune.admission import GpuId, Placement
-    from sharetune.planner import plan_pool, plan_pool_budget
+    from sharetune.planner import plan_pool, plan_pool_budget, plan_pool_identity
     from sharetune.sharing import Sharing
 
     placed = Sharing("pool", Placement((GpuId("gpu-node-0", 0),), 50, 8192), pool_namespace=RELEASE_NAMESPACE)
     return [plan_pool("gpu-node-0", 0, RELEASE_NAMESPACE, daemon_priority_class=DAEMON_PRIORITY_CLASS),
             plan_pool_budget("gpu-node-0", 0, RELEASE_NAMESPACE),
+            *plan_pool_identity("gpu-node-0", 0, RELEASE_NAMESPACE),
             *_job_objects("tj", {"model": {"name": "resnet18"}, "target": "cuda",
                                  "gpuSharing": {"mode": "pool", "share": 50, "pinnedMemory": "8G"}}, placed)]
 

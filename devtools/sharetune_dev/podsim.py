@@ -19,7 +19,8 @@ pods (Always) are restarted in place with ``restartCount`` bumped. Deleted pods'
 stopped. Fault tests kill processes with :meth:`kill`.
 
 Only for CPU jobs (or a GPU job explicitly turned into a CPU one with ``cpu_for_gpu``, which is
-then a mock of the GPU and says so in its test; its MPS daemon pod runs ``fake_mps_control.py``).
+then a mock of the GPU and says so in its test; its MPS daemon pod runs ``fake_mps_control.py`` and
+reads its GPU from ``fake_nvml``).
 Used by the fault tests (``tests/faults``) and the bad-input tests.
 """
 
@@ -42,6 +43,7 @@ from kubernetes import client
 from sharetune.procs import ProcessGroup, free_port
 
 FAKE_MPS_CONTROL = Path(__file__).resolve().with_name("fake_mps_control.py")  # a MOCK of NVIDIA's binary
+FAKE_NVML = Path(__file__).resolve().with_name("fake_nvml")  # a MOCK of NVIDIA's NVML bindings (pynvml)
 MANAGED = "app.kubernetes.io/managed-by=sharetune"
 
 
@@ -239,6 +241,9 @@ class ProcessKubelet:
             wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE_MPS_CONTROL} \"$@\"\n")
             wrapper.chmod(0o755)
             extra += ["--control-binary", str(wrapper), "--no-gpu-check"]
+            # NVML mocked too: "the" GPU's UUID, one per node, published by the daemon as on a GPU node
+            env["PYTHONPATH"] = os.pathsep.join(x for x in (str(FAKE_NVML), env["PYTHONPATH"]) if x)
+            env["FAKE_NVML_UUID"] = f"GPU-fake-{pod.spec.node_name}"
         argv = [sys.executable, "-m", "sharetune_tuner.cli", *args, *extra]
         (work / "launch.json").write_text(json.dumps({"argv": argv, "env": env}, indent=1))
         return PodProc(name, argv, work / "pod.log", env=env, cwd=work, uid=pod.metadata.uid, component=component,

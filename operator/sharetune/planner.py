@@ -13,7 +13,10 @@ Privileges, kept minimal and stated:
 - Daemon and servers use ``hostIPC``: MPS clients and the MPS server exchange memory handles
   through /dev/shm of the host IPC namespace.
 - Servers do not request the GPU (the device plugin would hand out a second one); they follow the
-  daemon onto its node (pod affinity) and see the GPU through ``NVIDIA_VISIBLE_DEVICES``.
+  daemon onto its node (pod affinity) and see exactly the daemon's GPU: the daemon reads its UUID
+  through NVML and writes it on its own pod (``GPU_UUID_ANNOTATION``; its ServiceAccount may get
+  and patch that pod only), and the servers run (replicas above 0) only once the operator has put
+  that UUID in their ``NVIDIA_VISIBLE_DEVICES`` (:func:`pin_servers_patch`). Never ``all``.
 - Daemons run at the chart's daemon priority (``daemon_priority_class``, a PriorityClass the chart
   creates by default): a daemon that is preempted or evicted ends the CUDA context of every server
   under it, so it must not be among the first to go. A GPU pool's daemon, shared by several jobs,
@@ -41,7 +44,7 @@ import yaml
 from .admission import GpuId
 from .api import commands
 from .api.exitcodes import PERMANENT
-from .api.gpuenv import NO_MULTICAST
+from .api.gpuenv import GPU_UUID_ANNOTATION, NO_GPU_DEVICES, NO_MULTICAST
 from .api.spec import API_GROUP, API_VERSION, KIND, TuningJobSpec
 from .api.topology import (
     BUILD_AUTHKEY_FILE_ENV,
@@ -147,7 +150,7 @@ def _store_env(spec: TuningJobSpec) -> list[dict[str, Any]]:
 NO_MULTICAST_ENV = [{"name": k, "value": v} for k, v in NO_MULTICAST.items()]
 # The NVIDIA container runtime mounts no GPU into a container asking for "void" (CUDA base
 # images default to "all": every GPU of the node, around the device plugin's accounting).
-NO_GPU = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
+NO_GPU = {"name": "NVIDIA_VISIBLE_DEVICES", "value": NO_GPU_DEVICES}
 
 
 def _without_gpus(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -242,12 +245,14 @@ def _mps_host_dir(job: JobRef, g: int | None = None) -> str:
     return in_group(f"{MPS_HOST_ROOT}/{job.uid}", g)
 
 
-def _mps_client_parts(job: JobRef, g: int | None = None) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+def _mps_client_parts(job: JobRef, g: int | None = None, gpu: str | None = None
+                      ) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """``gpu``: the daemon's GPU UUID, as it published it (None: not yet, so no GPU)."""
     vol = {"name": "mps", "hostPath": {"path": _mps_host_dir(job, g), "type": "DirectoryOrCreate"}}
     mount = {"name": "mps", "mountPath": "/mps"}
     env = [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/mps/pipe"},
            {"name": "CUDA_MPS_LOG_DIRECTORY", "value": "/mps/log"},
-           {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+           {"name": "NVIDIA_VISIBLE_DEVICES", "value": gpu or NO_GPU_DEVICES},
            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}]
     return vol, mount, env
 
@@ -288,6 +293,8 @@ def tracker_key(job: JobRef) -> str:
 def plan(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, sharing: Sharing | None = None,
          network: NetworkConfig | None = None, requests: Mapping[str, Mapping[str, str]] | None = None,
          daemon_priority_class: str | None = None) -> list[dict[str, Any]]:
+    # The servers of a job whose GPU is a daemon's start at 0 replicas, seeing no GPU: the
+    # operator pins them to the daemon's GPU once it is published (pin_servers_patch).
     """Every object the running job needs (the merge Job comes later: :func:`plan_merge`).
     ``sharing``: the job's mode (and placement in mode pool); None = exclusive. ``network`` and
     ``requests``: the chart's networkPolicy and defaultRequests values (None: the defaults).
@@ -306,6 +313,9 @@ def plan(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, sharing: 
     objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, n.spec, "spec"),
                  "data": {"job.yaml": job_manifest(job, spec)}})
     objs += _rbac(job, spec)
+    if pins_gpu(spec, sharing) and _mode(spec, sharing) == EXCLUSIVE:
+        objs += _daemon_identity(job.namespace, ChildNames(job.name).mps,
+                                 [name for _, name, _ in daemon_names(job.name, spec)], _meta(job, "", "rbac"))
     objs += [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, n.shard(i), "shard"),
               "data": {}} for i in range(spec.shards)]
     # Pre-created so the tuner Role can name it; the merge writes summary.json (and, for
@@ -341,6 +351,51 @@ def _rbac(job: JobRef, spec: TuningJobSpec) -> list[dict[str, Any]]:
     ]
 
 
+def pins_gpu(spec: TuningJobSpec, sharing: Sharing | None) -> bool:
+    """The job's servers (and merge) see a daemon's GPU, named to them once it is published: an
+    MPS job of mode exclusive (its own daemons) or pool (the GPU's)."""
+    return pins_gpu_in(spec, _mode(spec, sharing))
+
+
+def pins_gpu_in(spec: TuningJobSpec, mode: str | None) -> bool:
+    """:func:`pins_gpu` for a job whose mode is known by name (``status.gpuSharingMode``)."""
+    return spec.target == "cuda" and (mode == POOL or ((mode or EXCLUSIVE) == EXCLUSIVE and spec.uses_mps))
+
+
+def _daemon_identity(namespace: str, name: str, pods: list[str], meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """An MPS daemon's ServiceAccount: get and patch its own pod(s) by name (the GPU annotation),
+    nothing else. ``meta``: labels and owner (the name and namespace are set here)."""
+    m = {**copy.deepcopy(meta), "name": name, "namespace": namespace}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": m, "automountServiceAccountToken": False},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": copy.deepcopy(m),
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "resourceNames": pods, "verbs": ["get", "patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": copy.deepcopy(m),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]},
+    ]
+
+
+# The downward API: a daemon writes its GPU on its own pod.
+OWN_POD_ENV = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+               {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+
+
+def published_gpu(annotations: Mapping[str, str] | None, phase: str | None, deleting: bool) -> str | None:
+    """The GPU UUID a daemon pod published (its annotation), counted only while the pod runs."""
+    if deleting or phase != "Running":
+        return None
+    uuid = (annotations or {}).get(GPU_UUID_ANNOTATION)
+    return str(uuid) if uuid else None
+
+
+def pin_servers_patch(uuid: str, replicas: int) -> dict[str, Any]:
+    """The strategic-merge patch that gives a servers Deployment its daemon's GPU and its replicas
+    (env entries merge by name: only ``NVIDIA_VISIBLE_DEVICES`` changes)."""
+    return {"spec": {"replicas": replicas, "template": {"spec": {"containers": [
+        {"name": "server", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": uuid}]}]}}}}
+
+
 def _mps_dir_security() -> dict[str, Any]:
     """The init container that hands a daemon's host directory over: root for seconds, only to
     change owners (the kubelet creates a hostPath directory as root); no other capability, no
@@ -357,6 +412,7 @@ def _mps_dir_init(image: str, pull_policy: str) -> dict[str, Any]:
     to connect), and one with it could become any user."""
     return {"name": "mps-dir", "image": image, "imagePullPolicy": pull_policy,
             "args": commands.mps_dir("/mps", TUNER_UID, TUNER_GID),
+            "env": [dict(NO_GPU)],  # root for seconds: the device plugin's GPU is its container's only
             "securityContext": _mps_dir_security(),
             "volumeMounts": [{"name": "mps", "mountPath": "/mps"}]}
 
@@ -388,8 +444,11 @@ def _daemon_probes() -> dict[str, Any]:
 def _mps_daemon(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None,
                 priority_class: str | None = None) -> dict[str, Any]:
     vol, mount, env = _mps_client_parts(job, g)
-    args = commands.mps_daemon(spec, "/mps/pipe", "/mps/log", metrics_port=METRICS_PORT, client_group=TUNER_GID)
-    c = _container(spec, image, "mps-daemon", args, env=[e for e in env if e["name"] != "NVIDIA_VISIBLE_DEVICES"],
+    args = commands.mps_daemon(spec, "/mps/pipe", "/mps/log", metrics_port=METRICS_PORT, client_group=TUNER_GID,
+                               publish_gpu=True)
+    # No NVIDIA_VISIBLE_DEVICES of its own: the device plugin's is the GPU it was given.
+    env = [e for e in env if e["name"] != "NVIDIA_VISIBLE_DEVICES"] + copy.deepcopy(OWN_POD_ENV)
+    c = _container(spec, image, "mps-daemon", args, env=env,
                    resources={"limits": {"nvidia.com/gpu": "1"}}, mounts=[mount], probe=False)
     c.update(_daemon_probes())
     meta = _meta(job, in_group(ChildNames(job.name).mps, g), "mps-daemon")
@@ -397,6 +456,7 @@ def _mps_daemon(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = No
     extra: dict[str, Any] = {"priorityClassName": priority_class} if priority_class else {}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
             "spec": _pod_spec(spec, [c], volumes=[vol], gpu_placement=True, hostIPC=True,
+                              service_account=ChildNames(job.name).mps,
                               initContainers=[_mps_dir_init(image, spec.image_pull_policy)],
                               securityContext=_daemon_pod_security(), restartPolicy="Always",
                               terminationGracePeriodSeconds=30, **extra)}
@@ -432,7 +492,8 @@ def _mps_limits_env(thread_percentage: int | None, pinned: str | None) -> list[d
     return env
 
 
-def _pool_client_parts(job: JobRef, spec: TuningJobSpec, sharing: Sharing | None, g: int | None
+def _pool_client_parts(job: JobRef, spec: TuningJobSpec, sharing: Sharing | None, g: int | None,
+                       gpu: str | None = None
                        ) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
     """What a pod of a pool-mode job needs to be an MPS client of GPU ``dev``'s pool: (volume,
     mount, env, pod fields). Pinned to the GPU's node by name: the ledger chose the node, so the
@@ -442,7 +503,7 @@ def _pool_client_parts(job: JobRef, spec: TuningJobSpec, sharing: Sharing | None
     vol = {"name": "mps", "hostPath": {"path": pool_host_dir(sharing.pool_namespace, dev.index), "type": "Directory"}}
     env = [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/mps/pipe"},
            {"name": "CUDA_MPS_LOG_DIRECTORY", "value": "/mps/log"},
-           {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+           {"name": "NVIDIA_VISIBLE_DEVICES", "value": gpu or NO_GPU_DEVICES},  # the pool's, once published
            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
            # The job on the GPU's tenant list: co-tenants of other jobs' measurements (measure_window.py).
            {"name": TENANT_ENV, "value": f"{job.namespace}/{job.name}"}]
@@ -494,7 +555,7 @@ def _servers(job: JobRef, spec: TuningJobSpec, image: str, g: int | None = None,
     meta = _meta(job, in_group(ChildNames(job.name).servers, g), "server")
     meta["labels"] = {**_group_labels(meta["labels"], g), **pool_label}
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
-            "spec": {"replicas": spec.servers.replicas,
+            "spec": {"replicas": 0 if pins_gpu(spec, sharing) else spec.servers.replicas,
                      "selector": {"matchLabels": _group_labels(selector(job.name, "server"), g)},
                      "template": {"metadata": {"labels": {**_group_labels(labels(job.name, "server"), g),
                                                           **pool_label}},
@@ -604,12 +665,13 @@ def _fail_fast(container: str, action: str) -> dict[str, Any]:
 
 
 def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, shards: int | None = None,
-               sharing: Sharing | None = None, requests: Mapping[str, Mapping[str, str]] | None = None
-               ) -> dict[str, Any]:
+               sharing: Sharing | None = None, requests: Mapping[str, Mapping[str, str]] | None = None,
+               gpu: str | None = None) -> dict[str, Any]:
     """The merge Job, created once every shard is done. On a GPU job it measures the tuned model
     on the job's GPU as one more MPS client at 100% (mode pool: at the job's share, within its
     booking; mode devicePlugin: on one replica). ``shards``: the shards the clients ran when
-    fewer than ``clients.shards`` had a task (the clamp); the ones dropped hold no records."""
+    fewer than ``clients.shards`` had a task (the clamp); the ones dropped hold no records.
+    ``gpu``: the first GPU group's daemon GPU, as the servers were pinned to it (:func:`pins_gpu`)."""
     image = spec.raw.get("image") or image
     n = ChildNames(job.name)
     vol, mount = _job_spec_volume(job)
@@ -624,7 +686,7 @@ def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, sha
     resources: dict[str, Any] | None = None
     mode = _mode(spec, sharing)
     if mode == POOL:  # under the first GPU's pool, inside the job's share
-        vol_, mount_, pool_env, extra = _pool_client_parts(job, spec, sharing, None)
+        vol_, mount_, pool_env, extra = _pool_client_parts(job, spec, sharing, None, gpu)
         volumes.append(vol_)
         mounts.append(mount_)
         env += pool_env + _mps_limits_env(spec.sharing.share, spec.sharing.pinned_memory)
@@ -635,11 +697,13 @@ def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, sha
             extra = {"nodeSelector": dict(spec.raw["nodeSelector"])}
     elif spec.uses_mps:  # under the first GPU's daemon, as local mode's merge
         g0 = gpu_groups(spec)[0]
-        mvol, mmount, menv = _mps_client_parts(job, g0)
+        mvol, mmount, menv = _mps_client_parts(job, g0, gpu)
         volumes.append(mvol)
         mounts.append(mmount)
         env += menv
         extra = {"hostIPC": True, "affinity": _follow_daemon(job, g0)}
+    elif spec.target == "cuda":  # no MPS: like each server, a GPU of its own from the device plugin
+        resources = {"limits": {"nvidia.com/gpu": "1"}}
     c = _container(spec, image, "merge", args, env=env, mounts=mounts, probe=False, resources=resources)
     pod = _pod_spec(spec, [c], volumes=volumes, service_account=n.service_account, restartPolicy="Never", **extra)
     merge = {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job, n.merge, "merge"),
@@ -713,11 +777,13 @@ def plan_pool(node: str, index: int, namespace: str, image: str = DEFAULT_IMAGE,
     name = pool_pod_name(node, index)
     c: dict[str, Any] = {
         "name": "mps-daemon", "image": image, "imagePullPolicy": "IfNotPresent",
-        "args": commands.pool_daemon("/mps/pipe", "/mps/log", metrics_port=METRICS_PORT, client_group=TUNER_GID),
+        "args": commands.pool_daemon("/mps/pipe", "/mps/log", metrics_port=METRICS_PORT, client_group=TUNER_GID,
+                                     publish_gpu=True),
         "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, *NO_MULTICAST_ENV,
                 {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/mps/pipe"},
                 {"name": "CUDA_MPS_LOG_DIRECTORY", "value": "/mps/log"},
-                {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}],
+                {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
+                *copy.deepcopy(OWN_POD_ENV)],
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
         "resources": {"limits": {"nvidia.com/gpu": "1"}},
         "securityContext": _restricted(),
@@ -732,7 +798,9 @@ def plan_pool(node: str, index: int, namespace: str, image: str = DEFAULT_IMAGE,
                      "hostPath": {"path": pool_host_dir(namespace, index), "type": "DirectoryOrCreate"}}],
         "nodeSelector": {"kubernetes.io/hostname": node}, "hostIPC": True, "restartPolicy": "Always",
         "securityContext": _daemon_pod_security(),
-        "automountServiceAccountToken": False, "enableServiceLinks": False, "terminationGracePeriodSeconds": 30,
+        # its own identity (plan_pool_identity): it publishes its GPU on its own pod
+        "serviceAccountName": name, "automountServiceAccountToken": True,
+        "enableServiceLinks": False, "terminationGracePeriodSeconds": 30,
     }
     if tolerations:
         pod["tolerations"] = copy.deepcopy(list(tolerations))
@@ -743,6 +811,14 @@ def plan_pool(node: str, index: int, namespace: str, image: str = DEFAULT_IMAGE,
                            "annotations": {POOL_NODE_ANNOTATION: node}},
               "spec": pod}
     return with_default_requests([daemon], requests)[0]
+
+
+def plan_pool_identity(node: str, index: int, namespace: str) -> list[dict[str, Any]]:
+    """GPU ``index``'s pool daemon's ServiceAccount, Role and RoleBinding (named as its pod): get
+    and patch that one pod, to publish the GPU it holds. Created before the pool; kept when the
+    pool is released (a Role naming only that GPU's pool pod, used again when it comes back)."""
+    name = pool_pod_name(node, index)
+    return _daemon_identity(namespace, name, [name], {"labels": pool_labels(node, index)})
 
 
 def plan_pool_budget(node: str, index: int, namespace: str) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from sharetune.api.spec import parse_spec
-from sharetune.planner import JobRef, plan, plan_merge, store_uri
+from sharetune.planner import JobRef, pin_servers_patch, plan, plan_merge, published_gpu, store_uri
 
 JOB = JobRef("tj", "ns1", "uid-1")
 
@@ -75,10 +75,33 @@ def test_mps_job_daemon_servers_and_security() -> None:
     assert init["volumeMounts"] == [{"name": "mps", "mountPath": "/mps"}]
     assert pod_spec(daemon)["hostIPC"] is True
     srv = next(d for d in k["Deployment"] if d["metadata"]["name"] == "tj-servers")
-    assert srv["spec"]["replicas"] == 4
+    # No GPU until the daemon has published its own: 0 servers, seeing none ("void", never "all").
+    assert srv["spec"]["replicas"] == 0
     sc = containers(srv)[0]
     env = {e["name"]: e.get("value") for e in sc["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25" and env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2G"
+    # The daemon publishes its GPU on its own pod, with an identity that may touch that pod only.
+    assert "--publish-gpu" in dc["args"] and pod_spec(daemon)["serviceAccountName"] == "tj-mps"
+    assert pod_spec(daemon)["automountServiceAccountToken"] is True
+    assert "NVIDIA_VISIBLE_DEVICES" not in {e["name"] for e in dc["env"]}  # the device plugin's
+    assert {e["name"] for e in dc["env"]} >= {"POD_NAME", "POD_NAMESPACE"}
+    role = next(r for r in k["Role"] if r["metadata"]["name"] == "tj-mps")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "resourceNames": ["tj-mps"],
+                              "verbs": ["get", "patch"]}]
+    # Pinned: the strategic-merge patch sets the UUID and the replicas, and the merge sees it too.
+    uuid = "GPU-0b1c2d3e-aaaa-bbbb-cccc-000000000001"
+    published = {"sharetune.io/gpu-uuid": uuid}
+    assert published_gpu(published, "Running", deleting=False) == uuid
+    # only a running daemon's counts: not one starting, nor one on its way out
+    assert published_gpu(published, "Pending", False) is None and published_gpu(published, "Running", True) is None
+    assert published_gpu({}, "Running", False) is None
+    p = pin_servers_patch(uuid, 4)
+    assert p["spec"]["replicas"] == 4
+    assert p["spec"]["template"]["spec"]["containers"] == [
+        {"name": "server", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": uuid}]}]
+    menv = {e["name"]: e.get("value") for e in containers(plan_merge(JOB, s, gpu=uuid))[0]["env"]}
+    assert menv["NVIDIA_VISIBLE_DEVICES"] == uuid
     assert "resources" not in sc or "nvidia.com/gpu" not in str(sc["resources"])
     term = pod_spec(srv)["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
     assert term["topologyKey"] == "kubernetes.io/hostname"
@@ -194,7 +217,7 @@ def test_multi_gpu_job_has_a_daemon_and_a_server_group_per_gpu() -> None:
         daemon, srv = daemons[f"tj-mps-{g}"], servers[f"tj-servers-{g}"]
         assert daemon["metadata"]["labels"][GPU_INDEX] == str(g)
         assert containers(daemon)[0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}  # one GPU each
-        assert srv["spec"]["replicas"] == 4  # servers.replicas per GPU
+        assert srv["spec"]["replicas"] == 0  # servers.replicas per GPU, once its daemon's GPU is published
         # The group's servers follow their own daemon (same node, same pipe directory) ...
         term = pod_spec(srv)["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
         assert term["labelSelector"]["matchLabels"][GPU_INDEX] == str(g)
@@ -340,7 +363,7 @@ def _env(c: dict[str, Any]) -> dict[str, Any]:
 def test_pool_mode_servers_join_the_gpu_pool_they_were_placed_on() -> None:
     from sharetune.admission import GpuId, Placement
     from sharetune.api.topology import POOL_LABEL
-    from sharetune.planner import plan_pool
+    from sharetune.planner import plan_pool, plan_pool_identity
     from sharetune.sharing import Sharing
 
     s = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda", "nodeSelector": {"gpu": "h200"},
@@ -361,6 +384,7 @@ def test_pool_mode_servers_join_the_gpu_pool_they_were_placed_on() -> None:
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/pipe"
     # On the GPU's tenant list as namespace/name: other jobs' measurements name it (measure_window.py).
     assert env["SHARETUNE_TENANT"] == f"{JOB.namespace}/{JOB.name}"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void" and srv["spec"]["replicas"] == 0  # until the pool's GPU is known
     assert srv["spec"]["template"]["metadata"]["labels"][POOL_LABEL] == "pool-gpu-b-gpu1"
     # The pool daemon of that GPU: the operator's namespace, no owner, pinned, one GPU, non-root
     # (its init container hands it the host directory), the same pipe directory.
@@ -377,7 +401,13 @@ def test_pool_mode_servers_join_the_gpu_pool_they_were_placed_on() -> None:
             == "/run/sharetune/pools/sharetune-system/gpu-1")
     # No default limits on a shared daemon: each job's servers set their own.
     assert dc["args"] == ["mps-daemon", "--pipe-dir", "/mps/pipe", "--log-dir", "/mps/log", "--client-group", "1000",
-                          "--metrics-port", "9400"]
+                          "--publish-gpu", "--metrics-port", "9400"]
+    # Its identity: its own pod, get and patch, nothing else (named as the pod).
+    assert dpod["serviceAccountName"] == "pool-gpu-b-gpu1" and dpod["automountServiceAccountToken"] is True
+    sa, role, binding = plan_pool_identity("gpu-b", 1, "sharetune-system")
+    assert sa["metadata"]["name"] == role["metadata"]["name"] == binding["metadata"]["name"] == "pool-gpu-b-gpu1"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "resourceNames": ["pool-gpu-b-gpu1"],
+                              "verbs": ["get", "patch"]}]
     # The merge measures under the same pool, inside the job's share and memory budget.
     merge = plan_merge(JOB, s, sharing=placed)
     menv = _env(containers(merge)[0])
@@ -627,3 +657,23 @@ def test_s3_cleanup_is_a_bounded_job_of_the_jobs_own_with_its_credentials_from_t
     assert name == "j" * 48 + "-s3-cleanup" and len(name) <= 63
     with pytest.raises(ValueError, match="spec.output.s3"):
         plan_s3_cleanup(JOB, parse_spec("tj", {"model": {"name": "tiny_cnn"}}))
+
+
+def test_no_pod_of_any_mode_sees_every_gpu_of_its_node() -> None:
+    from sharetune.requests import pod_specs
+    from sharetune_dev.manifests import MODES
+
+    for mode, objects in MODES.items():
+        if mode == "chart":
+            continue  # helm's rendering: the chart makes no tuning pod
+        for obj in objects():
+            for pod in pod_specs(obj):
+                for c in [*pod.get("initContainers", []), *pod["containers"]]:
+                    seen = {e["name"]: e.get("value") for e in c.get("env", [])}.get("NVIDIA_VISIBLE_DEVICES")
+                    granted = any("gpu" in k for k in (c.get("resources") or {}).get("limits", {}))
+                    # A cuda job's clients read the GPU's architecture through NVML and its builders
+                    # need the CUDA driver library to emit cubins: the image's visibility (docs/security.md).
+                    needs_driver = c["name"] in ("client", "builder") and mode in ("exclusive", "pool", "device-plugin")
+                    # the device plugin's choice where a GPU is granted; else none until a daemon names one
+                    want = None if granted or needs_driver else "void"
+                    assert seen == want, (mode, obj["metadata"]["name"], c["name"], seen)

@@ -42,7 +42,7 @@ DAEMONS = ("exclusive:Pod/tj-mps", "pool:Pod/pool-gpu-node-0-gpu0")  # a job's o
 JOB_PODS = ("*:Deployment/tj*-tracker", "*:Deployment/tj*-servers", "cpu-builders:Deployment/tj-builders",
             "*:Job/tj*-clients", "*:Job/tj*-merge", "s3:Job/tj-s3-cleanup")
 EVERY_POD = (*OPERATOR, *SMOKE, *DAEMONS, *JOB_PODS)
-API_CALLERS = (*OPERATOR, *SMOKE, "*:Job/tj*-clients", "*:Job/tj*-merge")
+API_CALLERS = (*OPERATOR, *SMOKE, *DAEMONS, "*:Job/tj*-clients", "*:Job/tj*-merge")
 MPS_CLIENTS = ("exclusive:Deployment/tj-servers", "exclusive:Job/tj-merge", "pool:Deployment/tj-servers",
                "pool:Job/tj-merge")
 ONE_REPLICA = (*OPERATOR, "*:Deployment/tj*-tracker")
@@ -120,8 +120,9 @@ ACCEPTED: tuple[Accepted, ...] = (
     Accepted(CK, "CKV_K8S_9", SMOKE, "the `helm test` pod runs once to completion: no probes"),
     Accepted(CK, "CKV_K8S_8", SMOKE, "the `helm test` pod runs once to completion: no probes"),
     Accepted(CK, "CKV_K8S_38", API_CALLERS,
-             "they call the API: the operator; the smoke test creates a TuningJob; clients and merge update their "
-             "own ConfigMaps (a Role naming them). Every other pod has automountServiceAccountToken: false"),
+             "they call the API: the operator; the smoke test creates a TuningJob; MPS daemons write their GPU's UUID "
+             "on their own pod, clients and merge update their own ConfigMaps (each a Role naming exactly those). "
+             "Every other pod has automountServiceAccountToken: false"),
     Accepted(CK, "CKV_K8S_35", ("s3:Job/tj-clients", "s3:Job/tj-merge", "s3:Job/tj-s3-cleanup"),
              "S3 credentials as env from the job's Secret (secretKeyRef: the kubelet resolves it, the operator "
              "never reads it; the S3 client reads AWS_* variables); never inline"),

@@ -46,3 +46,23 @@ def finish_pod(k8s: Any, ns: str, pod: str, exit_code: int) -> None:
 def running_pods(k8s: Any, ns: str, selector: str) -> list[Any]:
     return [p for p in client.CoreV1Api(k8s).list_namespaced_pod(ns, label_selector=selector).items
             if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
+
+
+def as_service_account(k8s: Any, ns: str, sa: str) -> client.ApiClient:
+    """An API client holding a token of ServiceAccount ``ns/sa``: exactly that identity's RBAC."""
+    import copy
+
+    tok = client.CoreV1Api(k8s).create_namespaced_service_account_token(sa, ns, client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600))).status.token
+    cfg = copy.copy(k8s.configuration)
+    cfg.cert_file = cfg.key_file = None
+    cfg.api_key, cfg.api_key_prefix = {"authorization": tok}, {"authorization": "Bearer"}
+    return client.ApiClient(cfg)
+
+
+def publish_gpu_as_daemon(k8s: Any, ns: str, pod: str, sa: str, uuid: str) -> None:
+    """What an MPS daemon does on a GPU node, which kwok nodes cannot run: the tuner's own
+    publishing code writes ``uuid`` on the daemon's pod with the daemon's ServiceAccount."""
+    from sharetune_tuner.gpu_identity import publish
+
+    publish(uuid, pod, ns, client.CoreV1Api(as_service_account(k8s, ns, sa)))

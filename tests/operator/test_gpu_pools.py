@@ -16,7 +16,7 @@ from kubernetes import client, config
 
 from ..faults.scenarios import OperatorProcess
 from ..helpers import wait_for
-from .conftest import GROUP, PLURAL, VERSION, tuning_job
+from .conftest import GROUP, PLURAL, VERSION, publish_gpu_as_daemon, tuning_job
 
 pytestmark = [pytest.mark.cluster]
 
@@ -114,9 +114,14 @@ def test_shares_are_admitted_queued_released_and_survive_an_operator_kill(two_gp
         core.create_namespaced_pod_eviction(victim, NS, client.V1Eviction(
             metadata=client.V1ObjectMeta(name=victim, namespace=NS)))
     assert refused.value.status == 429
+    # Each pool daemon publishes the GPU it holds (kwok runs none: the tuner's code, the pool's identity).
+    for node, pool in pool_of.items():
+        publish_gpu_as_daemon(k8s, NS, pool, pool, f"GPU-{node}-1")
     for name, node in placed.items():
-        dep = wait_for(f"{name}'s servers", lambda n=name: _deployment(apps, f"{n}-servers"), timeout_s=30)
+        dep = wait_for(f"{name}'s servers on their GPU", lambda n=name: (d := _deployment(apps, f"{n}-servers"))
+                       and d.spec.replicas == 1 and d, timeout_s=30)
         pod = dep.spec.template.spec
+        assert {e.name: e.value for e in pod.containers[0].env}["NVIDIA_VISIBLE_DEVICES"] == f"GPU-{node}-1"
         assert pod.node_selector["kubernetes.io/hostname"] == node and pod.host_ipc
         assert dep.spec.template.metadata.labels["sharetune.io/gpu-pool"] == pool_of[node]
         env = {e.name: e.value for e in pod.containers[0].env}
@@ -162,6 +167,13 @@ def test_shares_are_admitted_queued_released_and_survive_an_operator_kill(two_gp
     on_it = [j for j, n in after.items() if n == node]
     wait_for("its servers rolled", lambda: all("sharetune.io/restartedAt" in (
         apps.read_namespaced_deployment(f"{j}-servers", NS).spec.template.metadata.annotations or {})
+        for j in on_it), timeout_s=60)
+    # The new pool pod was given another GPU of the node: its servers follow it there.
+    wait_for("new pool running", lambda: any(p.metadata.name == dead.metadata.name and p.status.phase == "Running"
+                                             for p in _pools(core)), timeout_s=60)
+    publish_gpu_as_daemon(k8s, NS, dead.metadata.name, dead.metadata.name, f"GPU-{node}-2")
+    wait_for("its servers on the new GPU", lambda: all({e.name: e.value for e in apps.read_namespaced_deployment(
+        f"{j}-servers", NS).spec.template.spec.containers[0].env}["NVIDIA_VISIBLE_DEVICES"] == f"GPU-{node}-2"
         for j in on_it), timeout_s=60)
 
     # Every job gone: the pools go idle and are released.

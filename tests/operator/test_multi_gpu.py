@@ -14,7 +14,7 @@ from kubernetes import client, config
 
 from ..faults.scenarios import OperatorProcess
 from ..helpers import wait_for
-from .conftest import GROUP, PLURAL, VERSION, tuning_job
+from .conftest import GROUP, PLURAL, VERSION, publish_gpu_as_daemon, tuning_job
 
 pytestmark = [pytest.mark.cluster]
 
@@ -53,6 +53,9 @@ def test_servers_spread_over_gpus_follow_their_daemons(two_gpu_nodes) -> None:  
                            and all(p.status.phase == "Running" for p in d) and d, timeout_s=90)
         node_of = {p.metadata.labels["sharetune.io/gpu-index"]: p.spec.node_name for p in daemons}
         assert sorted(node_of.values()) == ["gpu-a", "gpu-b"]  # each daemon got a GPU of its own
+        # Each daemon publishes its GPU (kwok runs none: the tuner's code with the daemon's identity).
+        for g in (0, 1):
+            publish_gpu_as_daemon(k8s, ns, f"mg-mps-{g}", "mg-mps", f"GPU-0000000{g}-aaaa")
         servers = wait_for("4 servers bound", lambda: (s := _pods(core, ns, "server")) and len(s) == 4
                            and all(p.spec.node_name for p in s) and s, timeout_s=90)
         for p in servers:
@@ -72,11 +75,22 @@ def test_servers_spread_over_gpus_follow_their_daemons(two_gpu_nodes) -> None:  
         core.patch_namespaced_pod_status(dead.metadata.name, ns, {"status": {"phase": "Failed"}})
         wait_for("daemon 1 replaced", lambda: any(p.metadata.name == "mg-mps-1" and p.metadata.uid != dead.metadata.uid
                                                   for p in _pods(core, ns, "mps-daemon")), timeout_s=60)
-        wait_for("servers of GPU 1 restarted", lambda: "sharetune.io/restartedAt" in template(1), timeout_s=60)
+        # Its servers stop until the new pod publishes its GPU (the device plugin may give another),
+        # then run again on that one.
+        wait_for("servers of GPU 1 stopped", lambda: apps.read_namespaced_deployment("mg-servers-1", ns).spec.replicas
+                 == 0, timeout_s=60)
+        wait_for("new daemon running", lambda: any(p.metadata.name == "mg-mps-1" and p.status.phase == "Running"
+                                                   and p.metadata.uid != dead.metadata.uid
+                                                   for p in _pods(core, ns, "mps-daemon")), timeout_s=60)
+        publish_gpu_as_daemon(k8s, ns, "mg-mps-1", "mg-mps", "GPU-00000009-bbbb")
+        wait_for("servers of GPU 1 on the new GPU", lambda: (d := apps.read_namespaced_deployment("mg-servers-1", ns))
+                 .spec.replicas == 3 and {e.name: e.value for e in d.spec.template.spec.containers[0].env}[
+                     "NVIDIA_VISIBLE_DEVICES"] == "GPU-00000009-bbbb", timeout_s=60)
         assert template(0) == before0  # GPU 0's servers were left alone
         job = client.CustomObjectsApi(k8s).get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "mg")
         assert job["status"]["mpsRecoveries"] == 1
         assert job["status"]["mpsDaemonRestartsByGpu"] == {"1": 0}
+        assert job["status"]["serversGpuByGroup"] == {"0": "GPU-00000000-aaaa", "1": "GPU-00000009-bbbb"}
         args = apps.read_namespaced_deployment("mg-servers-1", ns).spec.template.spec.containers[0].args
         assert args[args.index("--thread-percentage") + 1] == "50"
     finally:

@@ -21,9 +21,11 @@ from .conftest import (
     PLURAL,
     VERSION,
     Operator,
+    as_service_account,
     create_job,
     finish_pod,
     get_job,
+    publish_gpu_as_daemon,
     running_pods,
     tuning_job,
     wait_for,
@@ -134,14 +136,29 @@ def test_gpu_job_places_servers_with_the_mps_daemon(k8s, operator, ns) -> None: 
     # servers carry theirs (below).
     assert "--thread-percentage" not in c.args and c.args[c.args.index("--pinned-memory-limit") + 1] == "4G"
 
+    # No server runs before the daemon has published the GPU the device plugin gave it.
+    apps = client.AppsV1Api(k8s)
+    srv = wait_for("servers", lambda: maybe(apps.read_namespaced_deployment, "gpu-servers", ns))
+    assert srv.spec.replicas == 0
+    assert {e.name: e.value for e in srv.spec.template.spec.containers[0].env}["NVIDIA_VISIBLE_DEVICES"] == "void"
+    # The daemon's identity may write its own pod and nothing else (kwok runs no daemon: the test
+    # publishes with the tuner's code and the daemon's ServiceAccount token).
+    uuid = "GPU-8e6a3f8c-0000-4000-8000-00000000c0de"
+    with pytest.raises(client.ApiException) as refused:
+        client.CoreV1Api(as_service_account(k8s, ns, "gpu-mps")).patch_namespaced_pod(
+            "gpu-hog-elsewhere", ns, {"metadata": {"annotations": {"x": "y"}}})
+    assert refused.value.status == 403
+    publish_gpu_as_daemon(k8s, ns, "gpu-mps", "gpu-mps", uuid)
     servers = wait_for("3 servers scheduled", lambda: (ps := [p for p in core.list_namespaced_pod(
         ns, label_selector="sharetune.io/job=gpu,app.kubernetes.io/component=server").items
         if p.spec.node_name]) and len(ps) == 3 and ps)
+    assert get_job(k8s, ns, "gpu")["status"]["serversGpuByGroup"] == {"0": uuid}
     for p in servers:
         assert p.spec.node_name == daemon.spec.node_name  # followed the daemon
         sc = p.spec.containers[0]
         assert not (sc.resources.limits or {}).get("nvidia.com/gpu")  # not granted a second GPU
         env = {e.name: e.value for e in sc.env}
+        assert env["NVIDIA_VISIBLE_DEVICES"] == uuid  # exactly the daemon's GPU, never "all"
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4G"
         assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/pipe" and p.spec.host_ipc

@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "directory's measurement windows (default: this process's group)")
     m.add_argument("--gpu-check", action=argparse.BooleanOptionalAction, default=True,
                    help="require a GPU through NVML before starting (off only for a stand-in control binary in tests)")
+    m.add_argument("--publish-gpu", action="store_true",
+                   help="in a pod: write the held GPU's UUID (NVML) as an annotation on this pod (POD_NAME, "
+                   "POD_NAMESPACE), for the operator to give exactly that GPU to the daemon's clients")
     _common(m)
 
     h = sub.add_parser("mps-dir", help="give an MPS daemon's host directory to the daemon's (non-root) user "
@@ -224,7 +227,18 @@ def run(a: argparse.Namespace) -> int:
 
         d = MpsDaemon(a.pipe_dir, a.log_dir, a.thread_percentage, a.pinned_memory_limit, a.control_binary,
                       require_gpu=a.gpu_check, client_group=a.client_group)
-        return _serve(a.metrics_port, d.health, d.run, live=d.live)
+        if not a.publish_gpu:
+            return _serve(a.metrics_port, d.health, d.run, live=d.live)
+        from .gpu_identity import held_gpu_uuid, own_pod, publish_until_done
+
+        pod, namespace = own_pod()  # usage errors before anything starts
+        uuid = held_gpu_uuid()
+
+        def publish_and_run(stop: Any) -> int:
+            publish_until_done(uuid, pod, namespace, stop)
+            return int(d.run(stop))
+
+        return _serve(a.metrics_port, d.health, publish_and_run, live=d.live)
     if a.cmd == "build-service":
         from .build_protocol import AddressError
         from .build_service import BuildService

@@ -23,15 +23,17 @@ def mps_limits(spec: TuningJobSpec) -> list[str]:
 
 
 def mps_daemon(spec: TuningJobSpec, pipe_dir: str, log_dir: str, metrics_port: int | None = None,
-               client_group: int | None = None) -> list[str]:
+               client_group: int | None = None, publish_gpu: bool = False) -> list[str]:
     """The job's MPS control daemon. No default thread percentage: a client's
     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE can only lower the daemon's default, so a default at the
     tuning share capped every later process there (the merge's serving report measured every
     share above it at the tuning share). Each server sets its own share in its environment.
-    ``client_group``: the GID its clients run as (in pods; local mode: the daemon's own)."""
+    ``client_group``: the GID its clients run as (in pods; local mode: the daemon's own).
+    ``publish_gpu``: in a pod, the held GPU's UUID goes on the pod (sharetune_tuner.gpu_identity)."""
     return ["mps-daemon", "--pipe-dir", pipe_dir, "--log-dir", log_dir,
             *_opt("--pinned-memory-limit", spec.servers.pinned_memory_limit if spec.uses_mps else None),
-            *_opt("--client-group", client_group), *_opt("--metrics-port", metrics_port)]
+            *_opt("--client-group", client_group), *(["--publish-gpu"] if publish_gpu else []),
+            *_opt("--metrics-port", metrics_port)]
 
 
 def mps_dir(path: str, uid: int, gid: int) -> list[str]:
@@ -40,11 +42,12 @@ def mps_dir(path: str, uid: int, gid: int) -> list[str]:
 
 
 def pool_daemon(pipe_dir: str, log_dir: str, metrics_port: int | None = None,
-                client_group: int | None = None) -> list[str]:
+                client_group: int | None = None, publish_gpu: bool = False) -> list[str]:
     """A GPU pool's MPS control daemon (mode pool, docs/gpu-pools.md): shared by every job on its
-    GPU, so no default limits of its own; each job's servers set theirs in their environment."""
+    GPU, so no default limits of its own; each job's servers set theirs in their environment.
+    ``publish_gpu``: as :func:`mps_daemon`'s."""
     return ["mps-daemon", "--pipe-dir", pipe_dir, "--log-dir", log_dir, *_opt("--client-group", client_group),
-            *_opt("--metrics-port", metrics_port)]
+            *(["--publish-gpu"] if publish_gpu else []), *_opt("--metrics-port", metrics_port)]
 
 
 def tracker(port: int, host: str | None = None, metrics_port: int | None = None) -> list[str]:

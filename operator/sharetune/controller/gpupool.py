@@ -30,7 +30,7 @@ from ..admission import GPU_COUNT_RESOURCE, GpuId, JobKey
 from ..api.spec import API_GROUP, API_VERSION, PLURAL
 from ..api.topology import GPU_INDEX_LABEL, POOL_LABEL, POOL_NODE_ANNOTATION
 from ..gpushare import WAITING, PoolPod, TickPlan, co_tenant_status, plan_tick, pool_job
-from ..planner import plan_pool, plan_pool_budget
+from ..planner import plan_pool, plan_pool_budget, plan_pool_identity
 from . import events, kube, metrics
 from .context import Context
 from .status import PENDING, now
@@ -176,6 +176,15 @@ def _apply_pools(ctx: Context, decided: TickPlan) -> None:
         kube.read_or_none(core.delete_namespaced_pod, name, ns)
     for name, gpu in decided.create_pools.items():
         _create_budget(ctx, name, gpu)  # first: no pool daemon runs unguarded
+        for obj in plan_pool_identity(gpu.node, gpu.index, ns):  # 409s once made: kept across pools
+            try:
+                kube.create(ctx.api, obj)
+            except client.ApiException as e:
+                if not kube.is_rejection(e):
+                    raise
+                metrics.ERRORS.labels("gpu-pool", "IdentityRejected").inc()
+                log.warning("GPU pool %s: %s rejected, its servers wait for a GPU it cannot publish: %s", name,
+                            obj["kind"], kube.reason(e))
         pod = plan_pool(gpu.node, gpu.index, ns, ctx.image, tuple(dict(t) for t in ctx.sharing.pool_tolerations),
                         ctx.requests, ctx.daemon_priority_class)
         try:

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..api.spec import TuningJobSpec
 from ..api.topology import PROGRESS_FILE, SUMMARY_FILE, ChildNames
-from ..planner import JobRef, daemon_names
+from ..planner import JobRef, daemon_names, published_gpu
 from .context import Context
 from .status import DaemonView, Observed, ShardView, count_indexes, shard_clamp, started
 
@@ -26,6 +26,7 @@ class Snapshot:
     jobs: dict[tuple[str, str], Any] = field(default_factory=dict)
     daemons: dict[tuple[str, str], Any] = field(default_factory=dict)
     pending_pods: dict[tuple[str, str], Any] = field(default_factory=dict)  # Pending only: cheap when all run
+    pools: dict[str, Any] = field(default_factory=dict)  # GPU pool daemons by name (the pool namespace)
 
 
 def snapshot(ctx: Context) -> Snapshot:
@@ -46,7 +47,18 @@ def snapshot(ctx: Context) -> Snapshot:
         jobs = batch.list_job_for_all_namespaces(label_selector=MANAGED).items
         pods = core.list_pod_for_all_namespaces(label_selector=daemons_sel).items
         pending = core.list_pod_for_all_namespaces(label_selector=MANAGED, field_selector="status.phase=Pending").items
-    return Snapshot(index(cms), index(jobs), index(pods), index(pending))
+    # GPU pools (mode pool): one more list, in the operator's namespace, for the GPUs they publish
+    pools = {str(o.metadata.name): o for o in core.list_namespaced_pod(
+        ctx.sharing.pool_namespace, label_selector=MANAGED + ",app.kubernetes.io/component=gpu-pool").items}
+    return Snapshot(index(cms), index(jobs), index(pods), index(pending), pools)
+
+
+def published(pod: Any) -> str | None:
+    """The GPU UUID an MPS daemon pod (a job's or a pool's) published, while it runs."""
+    if pod is None:
+        return None
+    return published_gpu(pod.metadata.annotations, pod.status.phase if pod.status else None,
+                         pod.metadata.deletion_timestamp is not None)
 
 
 def unschedulable(pod: Any) -> str | None:

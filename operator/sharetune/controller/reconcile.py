@@ -31,13 +31,23 @@ from ..api.spec import (
     spec_of,
     ttl_of,
 )
-from ..api.topology import ChildNames
+from ..api.topology import ChildNames, gpu_groups, pool_pod_name
 from ..gpushare import WAITING, device_plugin_message
-from ..planner import JobRef, daemon_names, plan, plan_merge, result_location, servers_scale
+from ..planner import (
+    JobRef,
+    daemon_names,
+    pin_servers_patch,
+    pins_gpu,
+    pins_gpu_in,
+    plan,
+    plan_merge,
+    result_location,
+    servers_scale,
+)
 from ..sharing import DEVICE_PLUGIN, EXCLUSIVE, POOL, Sharing
 from . import events, gpupool, kube, metrics
 from .context import Context
-from .observe import Snapshot, observe, snapshot
+from .observe import Snapshot, observe, published, snapshot
 from .status import (
     FAILED,
     FINAL,
@@ -163,20 +173,32 @@ def scale(ctx: Context, name: str, namespace: str, new: Any, old: Any, body: Any
         s = spec_of(body)
     except SpecError:
         return
-    for deployment, replicas in servers_scale(name, s, int(new)):
+    pinned = dict(status.get("serversGpuByGroup") or {})
+    waiting = pins_gpu_in(s, status.get("gpuSharingMode"))
+    for (g, _, _), (deployment, replicas) in zip(daemon_names(name, s), servers_scale(name, s, int(new))):
+        if waiting and not pinned.get(_group_key(g)):
+            continue  # no GPU yet: pin_servers starts them at the replicas the spec then has
         kube.scale_deployment(ctx.api, namespace, deployment, replicas)
     events.post(ctx.api, body, "Normal", "Scaled",
                 f"servers scaled from {old} to {new}" + (f" per GPU ({s.gpus} GPUs)" if s.gpus > 1 else ""))
 
 
+def _group_key(g: int | None) -> str:
+    """A GPU group's key in the status maps (a single-GPU job's one group is "0")."""
+    return str(g or 0)
+
+
 def recover_mps_daemon(ctx: Context, body: dict[str, Any], job: JobRef, s: TuningJobSpec, obs: Observed,
-                       patch: kopf.Patch) -> None:
-    """Per GPU group: a dead daemon is replaced, and its servers restarted against the new one."""
+                       patch: kopf.Patch) -> set[str]:
+    """Per GPU group: a dead daemon is replaced, and its servers restarted against the new one.
+    A replaced daemon's pod may be given another GPU: its servers stop (0 replicas) and lose their
+    pin until the new pod publishes its GPU (:func:`pin_servers`). Returns the replaced groups."""
     status = body.get("status") or {}
     seen_by_gpu = dict(status.get("mpsDaemonRestartsByGpu") or {})
     recovered = 0
+    replaced: set[str] = set()
     for g, daemon_name, servers_name in daemon_names(job.name, s):
-        key = str(g or 0)
+        key = _group_key(g)
         view = obs.daemons.get(key, DaemonView())
         recreate, restart_servers = mps_recovery(view, status.get("phase"), int(seen_by_gpu.get(key, 0)))
         if recreate:
@@ -188,8 +210,12 @@ def recover_mps_daemon(ctx: Context, body: dict[str, Any], job: JobRef, s: Tunin
             if not kube.create(ctx.api, daemon):
                 continue  # the old pod is still being deleted: try again next tick
             metrics.CHILDREN.labels("Pod").inc()
-        if restart_servers:
+        if restart_servers and recreate:
+            kube.scale_deployment(ctx.api, job.namespace, servers_name, 0)
+            replaced.add(key)
+        elif restart_servers:
             kube.restart_deployment(ctx.api, job.namespace, servers_name)
+        if restart_servers:
             # Restarts of the current daemon pod already answered (a new pod starts from 0).
             seen_by_gpu[key] = 0 if recreate else view.restarts
             recovered += 1
@@ -199,6 +225,45 @@ def recover_mps_daemon(ctx: Context, body: dict[str, Any], job: JobRef, s: Tunin
     if recovered:
         patch.status["mpsDaemonRestartsByGpu"] = seen_by_gpu
         patch.status["mpsRecoveries"] = int(status.get("mpsRecoveries", 0)) + recovered
+    if replaced:
+        patch.status["serversGpuByGroup"] = {k: None for k in replaced}  # a merge patch: the keys go
+    return replaced
+
+
+def pin_servers(ctx: Context, body: dict[str, Any], job: JobRef, s: TuningJobSpec, sharing: Sharing | None,
+                snap: Snapshot, patch: kopf.Patch, skip: set[str]) -> None:
+    """Servers see exactly their daemon's GPU. Each GPU group's servers Deployment was created at 0
+    replicas seeing no GPU; once the daemon (the job's, or the GPU pool's) has published the UUID of
+    the GPU the device plugin gave it, the Deployment gets that UUID in ``NVIDIA_VISIBLE_DEVICES``
+    and its replicas, in one patch. A daemon that publishes another GPU (a replaced pod) rolls them
+    onto it. ``skip``: groups whose daemon was replaced in this tick (the snapshot still shows the
+    old pod)."""
+    if not pins_gpu(s, sharing):
+        return
+    status = body.get("status") or {}
+    pinned = {k: v for k, v in (status.get("serversGpuByGroup") or {}).items() if k not in skip}
+    pins: dict[str, str | None] = dict(patch.status.get("serversGpuByGroup") or {})
+    for g, daemon_name, servers_name in daemon_names(job.name, s):
+        key = _group_key(g)
+        if key in skip:
+            continue
+        if sharing is not None and sharing.mode == POOL:
+            assert sharing.placement is not None
+            dev = sharing.placement.devices[g or 0]
+            daemon_name = pool_pod_name(dev.node, dev.index)
+            uuid = published(snap.pools.get(daemon_name))
+        else:
+            uuid = published(snap.daemons.get((job.namespace, daemon_name)))
+        if uuid is None or pinned.get(key) == uuid:
+            continue
+        if kube.read_or_none(ctx.apps.patch_namespaced_deployment, servers_name, job.namespace,
+                             pin_servers_patch(uuid, s.servers.replicas)) is None:
+            continue  # not there (yet): the next tick
+        pins[key] = uuid
+        events.post(ctx.api, body, "Normal", "ServersPinned",
+                    f"tuning servers {servers_name} see GPU {uuid}, the one MPS daemon {daemon_name} holds")
+    if pins:
+        patch.status["serversGpuByGroup"] = pins
 
 
 def reconcile_all(ctx: Context) -> None:
@@ -299,13 +364,16 @@ def reconcile_status(ctx: Context, body: dict[str, Any], patch: kopf.Patch, snap
         return  # the GPU tick keeps its queue position
     job = JobRef(name, namespace, meta["uid"])
     obs = observe(ctx, job, s, snap)
+    replaced: set[str] = set()
     if s.uses_mps and (sharing is None or sharing.mode == EXCLUSIVE):  # pools recover in the GPU tick
-        recover_mps_daemon(ctx, body, job, s, obs, patch)
+        replaced = recover_mps_daemon(ctx, body, job, s, obs, patch)
+    pin_servers(ctx, body, job, s, sharing, snap, patch, replaced)
     if obs.clamp is not None:
         clamp_clients(ctx, job, obs)
     if obs.clients_succeeded >= obs.client_shards and not obs.merge_exists and not obs.clients_failed:
+        first_gpu = (status.get("serversGpuByGroup") or {}).get(_group_key(gpu_groups(s)[0]))
         if kube.create(ctx.api, plan_merge(job, s, ctx.image, shards=obs.client_shards, sharing=sharing,
-                                               requests=ctx.requests)):
+                                               requests=ctx.requests, gpu=first_gpu)):
             metrics.CHILDREN.labels("Job").inc()
             if s.builders is not None:
                 _release_builders(ctx, job)
