@@ -27,7 +27,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def query_range(port: int, expr: str, start: float, end: float, step: float) -> list[dict]:  # type: ignore[type-arg]
+def query_range(port: int, expr: str, start: float, end: float, step: float) -> list[dict]:
     url = f"http://127.0.0.1:{port}/api/v1/query_range?" + urllib.parse.urlencode(
         {"query": expr, "start": start, "end": end, "step": step})
     body = json.loads(urllib.request.urlopen(url, timeout=10).read())

@@ -30,7 +30,7 @@ def cluster() -> Iterator["LocalCluster"]:
 
 
 @pytest.fixture(scope="session")
-def k8s(cluster):  # type: ignore[no-untyped-def]
+def k8s(cluster):
     """A kubernetes ApiClient bound to the session's cluster."""
     from kubernetes import config
 
@@ -50,7 +50,7 @@ def s3() -> Iterator["LocalS3"]:
 
 
 @pytest.fixture()
-def ns(k8s):  # type: ignore[no-untyped-def]
+def ns(k8s):
     """A namespace of the test's own on the session's cluster."""
     name = f"t-{uuid.uuid4().hex[:8]}"
     client.CoreV1Api(k8s).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
@@ -77,7 +77,7 @@ def install_crd(k8s: Any) -> None:
 
 
 @pytest.fixture(scope="session")
-def crd(k8s) -> None:  # type: ignore[no-untyped-def]
+def crd(k8s) -> None:
     install_crd(k8s)
 
 
@@ -107,7 +107,7 @@ class Operator:
 
 
 @pytest.fixture(scope="session")
-def operator(cluster, crd) -> Iterator[Operator]:  # type: ignore[no-untyped-def]
+def operator(cluster, crd) -> Iterator[Operator]:
     op = Operator(cluster.kubeconfig)
     op.start()
     try:

@@ -93,7 +93,7 @@ def _log_build_errors(cls: type) -> None:
     cls = getattr(cls, "_cls", cls)
     inner = cls.build
 
-    def build(self, inputs):  # type: ignore[no-untyped-def]
+    def build(self, inputs):
         results = inner(self, inputs)
         for r in results:
             if r.error_msg:

@@ -138,7 +138,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     per_task: dict[str, list[float]] = {}
     for r in ok:
         per_task.setdefault(f"{r['model']}/{r['task']}", []).append(r["cpu_s"])
-    q = lambda xs, p: sorted(xs)[min(len(xs) - 1, int(p * len(xs)))] if xs else None  # noqa: E731
+    q = lambda xs, p: sorted(xs)[min(len(xs) - 1, int(p * len(xs)))] if xs else None  # noqa: E731  # a one-line helper
     return {"n": len(rows), "errors": len(rows) - len(ok),
             "cpu_s_median": round(statistics.median(cpu), 3) if cpu else None,
             "cpu_s_p10": q(cpu, 0.1), "cpu_s_p90": q(cpu, 0.9),
@@ -174,7 +174,7 @@ def summarize(out_path: Path) -> dict[str, Any]:
                           "gpu_util_mean": c["gpu_util_mean"],
                           "intrinsics_built_in_cell": any(p.get("intrinsics") == "built"
                                                           for p in c.get("client_startup") or [])}
-    gm = lambda xs: round(statistics.geometric_mean(xs), 3) if xs else None  # noqa: E731
+    gm = lambda xs: round(statistics.geometric_mean(xs), 3) if xs else None  # noqa: E731  # a one-line helper
     st = [v["trials_per_s"] for v in cells.values() if v["nvrtc_mode"] == "stock"]
     pc = [v["trials_per_s"] for v in cells.values() if v["nvrtc_mode"] == "hoist-pch"]
     summary = {"runs": runs, "headline_cell": {"cells": cells,

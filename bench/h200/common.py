@@ -25,7 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 
 # the product's process-group helper; free_port is the cells'
-from sharetune.procs import ProcessGroup, free_port, stop_all  # noqa: E402,F401
+from sharetune.procs import ProcessGroup, free_port, stop_all  # noqa: E402,F401  # re-exported to the cells
 
 RESULTS = ROOT / "bench" / "results"
 RUN_ROOT = Path(os.environ.get("BENCH_RUN_ROOT", "/tmp/sharetune-bench"))

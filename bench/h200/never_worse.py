@@ -26,7 +26,7 @@ KEEP = ("records", "latency_untuned_ms", "latency_tuned_ms", "speedup", "improve
         "tasks_left_at_default", "merge_s")
 
 
-def merged(run_id: str) -> dict:  # type: ignore[type-arg]
+def merged(run_id: str) -> dict:
     from sharetune.api.spec import parse_spec
     from sharetune_tuner.merge import merge_and_report
 

@@ -190,7 +190,7 @@ def build_errors(client_log: str, timeout_s: float = TVM_BUILDER_TIMEOUT_S) -> d
     builder's timeout: the reason says so, or (logs without reasons) their batch took at least
     ``timeout_s`` from sending to the error count, which a batch of candidates that compile in
     about a second each only does by waiting for a killed worker."""
-    stamp = lambda x: dt.datetime.strptime(x, "%Y-%m-%d %H:%M:%S").timestamp()  # noqa: E731
+    stamp = lambda x: dt.datetime.strptime(x, "%Y-%m-%d %H:%M:%S").timestamp()  # noqa: E731  # a one-line helper
     # (position in the log, time, count): a batch's error count follows its own send line, often
     # in the same second as the next batch's send
     sent = [(m.start(), stamp(m[1]), int(m[2])) for m in _SENT.finditer(client_log)]

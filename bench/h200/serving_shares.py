@@ -22,7 +22,7 @@ from pathlib import Path
 from common import RUN_ROOT, ProcessGroup, log, tuner_env
 
 
-def arm(name: str, extra_daemon_args: list[str], executable, arrays) -> dict:  # type: ignore[no-untyped-def]
+def arm(name: str, extra_daemon_args: list[str], executable, arrays) -> dict:
     from sharetune.api import commands
     from sharetune.api.spec import parse_spec
     from sharetune_tuner import serving

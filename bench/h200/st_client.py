@@ -15,7 +15,7 @@ from common import heaviest
 _extract = client.extract
 
 
-def _k_heaviest(mod, target):  # type: ignore[no-untyped-def]
+def _k_heaviest(mod, target):
     return heaviest(_extract(mod, target), int(os.environ["BENCH_TASKS"]))
 
 

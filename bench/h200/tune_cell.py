@@ -240,7 +240,7 @@ spec:
         os.sched_setaffinity(0, topo_cpus)
         lr.start_services()
         if addrs:
-            lr.build_socket = ",".join(addrs)  # type: ignore[assignment]  # client_args passes it on
+            lr.build_socket = ",".join(addrs)  # client_args passes it on
         finished = _run_clients(lr, t0 + window_s if window_s else None)
         t1 = time.time()
         if mps:

@@ -172,10 +172,12 @@ class Ledger:
     def release(self, key: JobKey) -> Placement | None:
         """A job finished, failed or was deleted: its share is free at once."""
         p = self._placed.pop(key, None)
-        for d in p.devices if p else ():
-            self._share[d] -= p.share  # type: ignore[union-attr]
-            self._memory[d] -= p.memory_mib  # type: ignore[union-attr]
-            self._clients[d] -= p.mps_clients  # type: ignore[union-attr]
+        if p is None:
+            return None
+        for d in p.devices:
+            self._share[d] -= p.share
+            self._memory[d] -= p.memory_mib
+            self._clients[d] -= p.mps_clients
             self._tenants[d].discard(key)
         return p
 

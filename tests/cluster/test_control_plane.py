@@ -21,7 +21,7 @@ pytestmark = pytest.mark.cluster
 
 
 
-def test_namespace_and_configmap_roundtrip(k8s, ns: str) -> None:  # type: ignore[no-untyped-def]
+def test_namespace_and_configmap_roundtrip(k8s, ns: str) -> None:
     core = client.CoreV1Api(k8s)
     core.create_namespaced_config_map(ns, client.V1ConfigMap(
         metadata=client.V1ObjectMeta(name="cfg"), data={"records": "[1, 2, 3]"}))
@@ -30,7 +30,7 @@ def test_namespace_and_configmap_roundtrip(k8s, ns: str) -> None:  # type: ignor
     assert got.metadata.uid and got.metadata.resource_version
 
 
-def test_tls_and_rbac_are_enforced(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_tls_and_rbac_are_enforced(cluster) -> None:
     import ssl
     import urllib.error
     import urllib.request
@@ -47,7 +47,7 @@ def test_tls_and_rbac_are_enforced(cluster) -> None:  # type: ignore[no-untyped-
     assert out.stdout.strip() == "no"
 
 
-def test_deployment_becomes_running_pods_on_kwok_gpu_node(k8s, ns: str) -> None:  # type: ignore[no-untyped-def]
+def test_deployment_becomes_running_pods_on_kwok_gpu_node(k8s, ns: str) -> None:
     apps, core = client.AppsV1Api(k8s), client.CoreV1Api(k8s)
     labels = {"app": "gpu-echo"}
     apps.create_namespaced_deployment(ns, client.V1Deployment(
@@ -73,7 +73,7 @@ def test_deployment_becomes_running_pods_on_kwok_gpu_node(k8s, ns: str) -> None:
     assert dep.status.ready_replicas == 2
 
 
-def test_gpu_request_is_scheduled_only_where_gpus_are(k8s, ns: str) -> None:  # type: ignore[no-untyped-def]
+def test_gpu_request_is_scheduled_only_where_gpus_are(k8s, ns: str) -> None:
     core = client.CoreV1Api(k8s)
     res = client.V1ResourceRequirements(limits={"nvidia.com/gpu": "1"})
     for name in ("gpu-a", "gpu-b"):
@@ -98,7 +98,7 @@ def test_gpu_request_is_scheduled_only_where_gpus_are(k8s, ns: str) -> None:  # 
     assert sorted(b for b in bound if b) == ["kwok-gpu-0"]
 
 
-def test_garbage_collector_follows_owner_references(k8s, ns: str) -> None:  # type: ignore[no-untyped-def]
+def test_garbage_collector_follows_owner_references(k8s, ns: str) -> None:
     core = client.CoreV1Api(k8s)
     owner = core.create_namespaced_config_map(ns, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="owner")))
     ref = client.V1OwnerReference(api_version="v1", kind="ConfigMap", name="owner", uid=owner.metadata.uid)
@@ -115,7 +115,7 @@ def test_garbage_collector_follows_owner_references(k8s, ns: str) -> None:  # ty
     wait_for("child ConfigMap garbage-collected", child_gone)
 
 
-def test_invalid_object_is_rejected_with_the_real_message(k8s, ns: str) -> None:  # type: ignore[no-untyped-def]
+def test_invalid_object_is_rejected_with_the_real_message(k8s, ns: str) -> None:
     core = client.CoreV1Api(k8s)
     with pytest.raises(ApiException) as e:
         core.create_namespaced_config_map(ns, client.V1ConfigMap(
@@ -124,7 +124,7 @@ def test_invalid_object_is_rejected_with_the_real_message(k8s, ns: str) -> None:
     assert "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters" in e.value.body
 
 
-def test_job_controller_runs_an_indexed_job(k8s, ns: str) -> None:  # type: ignore[no-untyped-def]
+def test_job_controller_runs_an_indexed_job(k8s, ns: str) -> None:
     batch = client.BatchV1Api(k8s)
     batch.create_namespaced_job(ns, client.V1Job(
         metadata=client.V1ObjectMeta(name="idx"),
@@ -138,7 +138,7 @@ def test_job_controller_runs_an_indexed_job(k8s, ns: str) -> None:  # type: igno
     assert job.status.completed_indexes == "0-2"
 
 
-def test_sharetune_job_pods_wait_for_their_kubelet(k8s, ns: str) -> None:  # type: ignore[no-untyped-def]
+def test_sharetune_job_pods_wait_for_their_kubelet(k8s, ns: str) -> None:
     """kwok completes ordinary Job pods, but leaves sharetune's Running: tests act as their kubelet."""
     batch, core = client.BatchV1Api(k8s), client.CoreV1Api(k8s)
     labels = {"app.kubernetes.io/managed-by": "sharetune"}

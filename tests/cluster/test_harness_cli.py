@@ -49,11 +49,11 @@ def test_failure_shows_component_log_tails(tmp_path: Path) -> None:
     # Occupy etcd's client port choice by forcing a bogus etcd flag through a subclass hook.
     orig = c._spawn
 
-    def spawn(name: str, argv: list[str]):  # type: ignore[no-untyped-def]
+    def spawn(name: str, argv: list[str]):
         if name == "etcd":
             argv = [*argv, "--no-such-flag"]
         return orig(name, argv)
-    c._spawn = spawn  # type: ignore[method-assign]
+    c._spawn = spawn
     with pytest.raises(ClusterError) as e:
         c.start(timeout_s=20)
     msg = str(e.value)

@@ -220,7 +220,7 @@ def tick(world: World, ledger: Ledger, write: int | None = None) -> Ledger:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(gpu_sets, st.sampled_from([1.0, 1.0, 1.5]), st.booleans(), st.booleans(), ops)
-def test_random_streams_keep_the_rules(gpus, overcommit, backfill, cross_ns, stream) -> None:  # type: ignore[no-untyped-def]
+def test_random_streams_keep_the_rules(gpus, overcommit, backfill, cross_ns, stream) -> None:
     world = World([Gpu(GpuId(n, i), mem, (("gpu", kind),)) for n, i, mem, kind in gpus],
                   Policy(overcommit=overcommit, backfill=backfill, cross_namespace=cross_ns))
     ledger = Ledger(world.gpus, world.policy)

@@ -33,7 +33,7 @@ def _bare_sharetune(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[s
 
 
 def test_every_command_is_listed_and_the_missing_ones_say_what_to_install(tmp_path: Path) -> None:
-    full = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    full = build_parser()._subparsers._group_actions[0].choices
     r = _bare_sharetune(tmp_path, "--help")
     assert r.returncode == 0, r.stderr
     listed = r.stdout.split("{", 1)[1].split("}", 1)[0].split(",")

@@ -58,7 +58,7 @@ def test_local_mode_starts_the_same_commands(name: str, tmp_path: Path) -> None:
     s = parse_spec("tj", SPECS[name])
     run = local.LocalRun(s, tmp_path / "job.yaml", tmp_path / "run")
     spawned: list[tuple[str, list[str]]] = []
-    run._spawn = lambda n, args, env=None: spawned.append((n, args))  # type: ignore[method-assign,assignment,return-value]
+    run._spawn = lambda n, args, env=None: spawned.append((n, args))
     wait, local._wait_until = local._wait_until, lambda ready, limit_s, poll_s=0.05: True
     try:
         run.start_services()

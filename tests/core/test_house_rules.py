@@ -24,3 +24,20 @@ def test_mypy_finds_nothing() -> None:
     r = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", "/dev/null"], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, f"mypy (configured in pyproject.toml):\n{r.stdout[-4000:]}{r.stderr[-1000:]}"
+
+
+def test_every_silenced_check_says_why() -> None:
+    """A ``# type: ignore[code]`` or ``# noqa: CODE`` is followed by its reason (``# why`` or ``(why)``)."""
+    import re
+
+    silenced = re.compile(r"#\s*(type:\s*ignore(\[[^\]]*\])?|noqa(:\s*[A-Z0-9, ]+)?)(?P<rest>.*)$")
+    bare = []
+    for top in CHECKED:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if ".venv" in path.parts or "site-packages" in path.parts or path == Path(__file__).resolve():
+                continue
+            for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                m = silenced.search(line)
+                if m and not re.match(r"\s*(#\s*\S|\(\S)", m.group("rest")):  # "# reason" or "(reason)"
+                    bare.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not bare, "say why after the marker (`# type: ignore[code]  # reason`):\n" + "\n".join(bare[:40])

@@ -30,7 +30,7 @@ task_lists = st.lists(st.tuples(st.floats(0, 1e10, allow_nan=False), st.integers
 
 @given(task_lists, st.integers(1, 12), st.randoms())
 @settings(max_examples=200, deadline=None)
-def test_partition_is_deterministic_and_complete(costs, shards, rnd) -> None:  # type: ignore[no-untyped-def]
+def test_partition_is_deterministic_and_complete(costs, shards, rnd) -> None:
     tasks = tasks_from(costs)
     shuffled = tasks[:]
     rnd.shuffle(shuffled)
@@ -43,7 +43,7 @@ def test_partition_is_deterministic_and_complete(costs, shards, rnd) -> None:  #
 
 @given(task_lists, st.integers(1, 12))
 @settings(max_examples=200, deadline=None)
-def test_partition_is_balanced_within_list_scheduling_bound(costs, shards) -> None:  # type: ignore[no-untyped-def]
+def test_partition_is_balanced_within_list_scheduling_bound(costs, shards) -> None:
     tasks = tasks_from(costs)
     loads = [sum(t.cost for t in s) for s in partition(tasks, shards)]
     total, biggest = sum(t.cost for t in tasks), max(t.cost for t in tasks)
@@ -53,7 +53,7 @@ def test_partition_is_balanced_within_list_scheduling_bound(costs, shards) -> No
 
 @given(st.lists(st.tuples(st.integers(1, 10**6), st.integers(1, 3)), min_size=1, max_size=7), st.integers(2, 3))
 @settings(max_examples=150, deadline=None)
-def test_partition_is_within_four_thirds_of_optimal(costs, shards) -> None:  # type: ignore[no-untyped-def]
+def test_partition_is_within_four_thirds_of_optimal(costs, shards) -> None:
     import itertools
 
     tasks = tasks_from([(float(f), w) for f, w in costs])
@@ -72,7 +72,7 @@ def test_resnet_like_costs_balance_well() -> None:
 
 @given(task_lists, st.integers(1, 5000), st.integers(1, 200), st.integers(1, 64), st.randoms())
 @settings(max_examples=300, deadline=None)
-def test_budgets_spend_the_total_where_it_pays(costs, total, cap, minimum, rnd) -> None:  # type: ignore[no-untyped-def]
+def test_budgets_spend_the_total_where_it_pays(costs, total, cap, minimum, rnd) -> None:
     tasks = tasks_from(costs)
     b = budgets(tasks, total, cap, minimum)
     shuffled = tasks[:]
@@ -120,7 +120,7 @@ def test_useful_minimum() -> None:
 
 @given(task_lists, st.integers(1, 5000), st.integers(1, 200), st.integers(1, 64))
 @settings(max_examples=300, deadline=None)
-def test_the_spec_bounds_the_tuned_tasks_without_the_model(costs, total, cap, per_iter) -> None:  # type: ignore[no-untyped-def]
+def test_the_spec_bounds_the_tuned_tasks_without_the_model(costs, total, cap, per_iter) -> None:
     # what the operator sizes the clients' Job by, before any model is loaded
     bound = TrialBudget(total=total, per_task=cap, per_iteration=per_iter).max_tuned_tasks
     b = budgets(tasks_from(costs), total, cap, useful_minimum(cap, per_iter))
@@ -147,7 +147,7 @@ def test_order_and_shard_index_errors() -> None:
 
 @given(task_lists, st.integers(1, 3000), st.integers(1, 64), st.integers(1, 16), st.integers(1, 40), st.randoms())
 @settings(max_examples=100, deadline=None)
-def test_only_the_highest_shards_are_left_empty(costs, total, cap, minimum, shards, rnd) -> None:  # type: ignore[no-untyped-def]
+def test_only_the_highest_shards_are_left_empty(costs, total, cap, minimum, shards, rnd) -> None:
     """What the clamp relies on: the shards with a task are exactly 0..useful_shards-1 (an elastic
     Indexed Job scaled down drops the highest indexes), the same in every client, and the tasks
     with trials sit where they did when the tasks left at default were partitioned too (a resumed

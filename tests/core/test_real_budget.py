@@ -39,7 +39,7 @@ def test_sharetune_that_never_reaches_the_baseline_gets_no_ratio_but_an_upper_bo
 def test_tolerance_and_failed_checkpoints() -> None:
     # within 2% counts as reached; a checkpoint whose model failed (None) keeps the previous value
     base = side([(60, 8.0), (540, 8.0)])
-    st = side([(30, None), (60, 8.1), (540, 8.1)])  # type: ignore[list-item]
+    st = side([(30, None), (60, 8.1), (540, 8.1)])
     assert st["curve"] == [(0.0, 10.0), (60.0, 8.1), (540.0, 8.1)]
     assert rb.compare(base, st)["time_to_quality_ratio"] == 1.0
     assert rb.time_to_reach(st["curve"], 8.0, tol=0.0) is None

@@ -41,7 +41,7 @@ def test_defaults() -> None:
      "spec.image: 'tuner:1 --privileged' is not an image"),
     ({"model": {"name": "resnet18"}, "image": "-v"}, "spec.image: '-v' is not an image reference"),
 ])
-def test_errors_name_the_field(spec, message) -> None:  # type: ignore[no-untyped-def]
+def test_errors_name_the_field(spec, message) -> None:
     with pytest.raises(SpecError, match=None) as e:
         parse_spec("j", spec)
     assert message in str(e.value)
@@ -63,7 +63,7 @@ def test_manifest_errors() -> None:
     ({"model": {"onnx": {"url": "http://h/m.onnx", "sha": "x"}}},
      "spec.model.onnx.sha: unknown field; the fields of spec.model.onnx are configMap, path, pvc, url"),
 ])
-def test_unknown_fields_are_named_with_the_nearest_known_one(spec, message) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_fields_are_named_with_the_nearest_known_one(spec, message) -> None:
     with pytest.raises(SpecError) as e:
         parse_spec("j", spec)
     assert str(e.value) == message
@@ -108,7 +108,7 @@ def test_local_only_and_cluster_only_sources_are_refused_with_the_fix() -> None:
 
 
 # ---- spec.gpuSharing: mode, share, pinnedMemory (docs/gpu-pools.md) -------------------------------
-def _cuda(**spec):  # type: ignore[no-untyped-def]
+def _cuda(**spec):
     return parse_spec("j", {"model": {"name": "resnet18"}, "target": "cuda", **spec})
 
 
@@ -160,7 +160,7 @@ def test_share_defaults_and_splits() -> None:
     ({"share": 0}, {}, "spec.gpuSharing.share: 0 is outside [1, 100]"),
     ({"sahre": 10}, {}, "spec.gpuSharing.sahre: unknown field; did you mean spec.gpuSharing.share?"),
 ])
-def test_sharing_errors_name_the_field_and_the_fix(gpu_sharing, servers, message) -> None:  # type: ignore[no-untyped-def]
+def test_sharing_errors_name_the_field_and_the_fix(gpu_sharing, servers, message) -> None:
     with pytest.raises(SpecError) as e:
         _cuda(gpuSharing=gpu_sharing, servers=servers)
     assert str(e.value) == message
@@ -239,7 +239,7 @@ def test_a_live_jobs_spec_is_parsed_once_per_generation(monkeypatch: pytest.Monk
     ("anything:1", (), True),  # no list: any image
     (None, ("registry.example.com/ml/",), True),  # no spec.image: the operator's own
 ])
-def test_spec_image_must_come_from_the_charts_allowed_repositories(image, allowed, ok) -> None:  # type: ignore[no-untyped-def]
+def test_spec_image_must_come_from_the_charts_allowed_repositories(image, allowed, ok) -> None:
     from sharetune.api.spec import check_image_allowed
 
     if ok:

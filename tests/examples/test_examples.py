@@ -34,7 +34,7 @@ def test_the_examples_are_there() -> None:
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
-def test_example_is_accepted_by_the_api_server_and_local_mode(path: Path, cluster, crd) -> None:  # type: ignore[no-untyped-def]
+def test_example_is_accepted_by_the_api_server_and_local_mode(path: Path, cluster, crd) -> None:
     load_job(path)
     # kubectl validates strictly by default: an unknown or misspelt field would fail here.
     r = subprocess.run(["kubectl", "apply", "--dry-run=server", "--validate=strict", "-n", "default", "-f", str(path)],
@@ -87,7 +87,7 @@ def model_server() -> Iterator[tuple[str, list[str]]]:
 
 
 @pytest.mark.tvm
-def test_onnx_url_example_runs_in_local_mode(model_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_onnx_url_example_runs_in_local_mode(model_server, tmp_path: Path) -> None:
     """examples/onnx-url.yaml as it is (target llvm, 2 clients x 2 servers, its inputShape) with two
     overrides that cannot be avoided here: the URL (no network: a small model of the same input
     shape from a local HTTP server) and the budget (CI time)."""
@@ -108,7 +108,7 @@ def test_onnx_url_example_runs_in_local_mode(model_server, tmp_path: Path) -> No
 
 
 @pytest.mark.cluster
-def test_onnx_configmap_example_reads_the_model_through_the_kubeconfig(cluster, k8s, ns, tmp_path: Path,  # type: ignore[no-untyped-def]
+def test_onnx_configmap_example_reads_the_model_through_the_kubeconfig(cluster, k8s, ns, tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """What `kubectl create configmap my-model --from-file=model.onnx=...` makes, read by local mode
     from the real API server (KUBECONFIG) into the file the clients load."""

@@ -35,14 +35,14 @@ def helm_cluster() -> Iterator["LocalCluster"]:
         c.stop()
 
 
-def helm(cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+def helm(cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     from sharetune_dev.cluster import binaries
 
     return subprocess.run([str(binaries.path_of("helm")), *args], capture_output=True, text=True,
                           env=cluster.env() if cluster else None, check=check, timeout=120)
 
 
-def kubectl(cluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+def kubectl(cluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     from sharetune_dev.cluster import binaries
 
     return subprocess.run([str(binaries.path_of("kubectl")), *args], input=stdin, capture_output=True, text=True,
@@ -149,7 +149,7 @@ def test_mps_daemon_priority_class_values_reach_the_operator() -> None:
     cluster-scoped), an existing one by name, or none; the operator gets the name the daemons use."""
     from sharetune.controller.context import DAEMON_PRIORITY_ENV
 
-    def render(*sets: str) -> tuple[str, list[dict]]:  # type: ignore[type-arg]
+    def render(*sets: str) -> tuple[str, list[dict]]:
         out = helm(None, "template", "x", str(CHART), "-n", "ops", *[a for s in sets for a in ("--set", s)]).stdout
         docs = [d for d in yaml.safe_load_all(out) if d]
         dep = next(d for d in docs if d["kind"] == "Deployment")
@@ -168,7 +168,7 @@ def test_mps_daemon_priority_class_values_reach_the_operator() -> None:
 
 
 @pytest.mark.parametrize("cluster_wide", [False, True])
-def test_template_is_valid_for_the_api_server(helm_cluster, cluster_wide: bool) -> None:  # type: ignore[no-untyped-def]
+def test_template_is_valid_for_the_api_server(helm_cluster, cluster_wide: bool) -> None:
     kubectl(helm_cluster, "create", "namespace", "dry")
     out = helm(helm_cluster, "template", "st", str(CHART), "-n", "dry", "--set", f"rbac.clusterWide={cluster_wide}",
                "--skip-tests").stdout
@@ -184,7 +184,7 @@ def test_template_is_valid_for_the_api_server(helm_cluster, cluster_wide: bool) 
     assert {v for r in view["rules"] for v in r["verbs"]} <= {"get", "list", "watch"}
 
 
-def test_helm_test_hook_is_valid_and_least_privileged(helm_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_helm_test_hook_is_valid_and_least_privileged(helm_cluster) -> None:
     """The `helm test` hook itself (a real run needs nodes that run pods: the real-node stage)."""
     kubectl(helm_cluster, "create", "namespace", "hook")
     out = helm(helm_cluster, "template", "st", str(CHART), "-n", "hook",
@@ -204,7 +204,7 @@ def test_helm_test_hook_is_valid_and_least_privileged(helm_cluster) -> None:  # 
     assert pod["spec"]["containers"][0]["args"] == ["smoke-test", "--namespace=hook"]
 
 
-def test_install_upgrade_uninstall(helm_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_install_upgrade_uninstall(helm_cluster) -> None:
     api = config.new_client_from_config(config_file=str(helm_cluster.kubeconfig))
     apps, ext = client.AppsV1Api(api), client.ApiextensionsV1Api(api)
     r = helm(helm_cluster, "install", "st", str(CHART), "-n", "sharetune-system", "--create-namespace", "--wait",

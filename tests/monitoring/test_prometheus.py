@@ -23,14 +23,14 @@ from ..tuner.conftest import EXAMPLE, free_port
 pytestmark = [pytest.mark.cluster, pytest.mark.tvm]
 
 
-def query(port: int, expr: str) -> list[dict]:  # type: ignore[type-arg]
+def query(port: int, expr: str) -> list[dict]:
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     body = json.loads(urllib.request.urlopen(url, timeout=5).read())
     assert body["status"] == "success", body
     return body["data"]["result"]
 
 
-def test_every_panel_query_returns_data(tmp_path: Path, operator, k8s) -> None:  # type: ignore[no-untyped-def]
+def test_every_panel_query_returns_data(tmp_path: Path, operator, k8s) -> None:
     from kubernetes import client
     from prometheus_client import start_http_server
 

@@ -136,7 +136,7 @@ class HandlerErrors(logging.Handler):
             self.records.append(f"{record.name}: {msg}")
 
 
-def test_a_thousand_generated_specs_get_a_clear_answer(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]
+def test_a_thousand_generated_specs_get_a_clear_answer(k8s, operator, ns) -> None:
     base = tuning_job("x")["spec"]
     tracker = Tracker(k8s, ns)
     errors = HandlerErrors()
@@ -182,7 +182,7 @@ def _ready(job: dict[str, Any]) -> tuple[str | None, str | None, str]:
     return st_.get("phase"), reason, st_.get("message", "")
 
 
-def test_cuda_job_where_no_node_has_a_free_gpu_says_so(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]
+def test_cuda_job_where_no_node_has_a_free_gpu_says_so(k8s, operator, ns) -> None:
     from .conftest import create_job, get_job, wait_for
 
     # Without MPS each server asks for a whole GPU; pinned to the CPU-only node, none can run.
@@ -198,7 +198,7 @@ def test_cuda_job_where_no_node_has_a_free_gpu_says_so(k8s, operator, ns) -> Non
         "match them, and which pods hold their GPUs"), message
 
 
-def test_missing_s3_secret_is_a_pending_reason_until_it_exists(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]
+def test_missing_s3_secret_is_a_pending_reason_until_it_exists(k8s, operator, ns) -> None:
     """A pod whose env names a missing Secret, or a key the Secret lacks, cannot start: the
     kubelet, which resolves the env, reports CreateContainerConfigError on it. The operator reads
     no Secret; it relays that report as the job's Pending reason, with the fix. kwok nodes run no
@@ -230,7 +230,7 @@ def test_missing_s3_secret_is_a_pending_reason_until_it_exists(k8s, operator, ns
     wait_for("back to Starting", lambda: _ready(get_job(k8s, ns, "nosecret"))[1] == "Starting", timeout_s=30)
 
 
-def test_corrupt_onnx_and_unreachable_url_fail_with_the_models_error(k8s, cluster, operator, ns, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_corrupt_onnx_and_unreachable_url_fail_with_the_models_error(k8s, cluster, operator, ns, tmp_path) -> None:
     """Real client processes (the process kubelet runs the pods' commands) meet the bad models."""
     from sharetune.procs import free_port
     from sharetune_dev.podsim import ProcessKubelet
@@ -261,7 +261,7 @@ def test_corrupt_onnx_and_unreachable_url_fail_with_the_models_error(k8s, cluste
         sim.stop()
 
 
-def test_a_new_users_mistakes_are_answered_by_the_api_server(k8s, crd, ns) -> None:  # type: ignore[no-untyped-def]
+def test_a_new_users_mistakes_are_answered_by_the_api_server(k8s, crd, ns) -> None:
     """A misspelt field and an unknown model name, as the API server answers them under strict
     field validation (what kubectl apply asks for): the field and the accepted values."""
     objs = client.CustomObjectsApi(k8s)
@@ -282,7 +282,7 @@ def test_a_new_users_mistakes_are_answered_by_the_api_server(k8s, crd, ns) -> No
         'to complete validation]')
 
 
-def test_a_local_only_model_path_fails_the_job_with_the_fix(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]
+def test_a_local_only_model_path_fails_the_job_with_the_fix(k8s, operator, ns) -> None:
     from .conftest import create_job, get_job, wait_for
 
     create_job(k8s, ns, tuning_job("laptop", model={"onnx": {"path": "/home/me/model.onnx"}}))

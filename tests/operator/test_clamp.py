@@ -37,7 +37,7 @@ def listening(port: int) -> bool:
         return False
 
 
-def test_more_shards_than_tasks_are_clamped(k8s, cluster, operator, ns, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_more_shards_than_tasks_are_clamped(k8s, cluster, operator, ns, tmp_path: Path) -> None:
     os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
     # tiny_cnn (8 tasks), 9 trials of at most 1 per task, 12 shards asked: the budget can give 9
     # tasks a trial, so the Job starts with 9 shards; the model has 8, so it is scaled down to 8.

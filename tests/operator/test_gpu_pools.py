@@ -86,7 +86,7 @@ def _deployment(apps: Any, name: str) -> Any:
         raise
 
 
-def test_shares_are_admitted_queued_released_and_survive_an_operator_kill(two_gpus) -> None:  # type: ignore[no-untyped-def]
+def test_shares_are_admitted_queued_released_and_survive_an_operator_kill(two_gpus) -> None:
     _, k8s, op = two_gpus
     core, apps, crs = client.CoreV1Api(k8s), client.AppsV1Api(k8s), client.CustomObjectsApi(k8s)
     for name in ("j1", "j2", "j3"):
@@ -183,7 +183,7 @@ def test_shares_are_admitted_queued_released_and_survive_an_operator_kill(two_gp
     wait_for("and their budgets", lambda: not policy.list_namespaced_pod_disruption_budget(NS).items, timeout_s=30)
 
 
-def test_device_plugin_mode_requests_shared_replicas_and_no_daemon(two_gpus) -> None:  # type: ignore[no-untyped-def]
+def test_device_plugin_mode_requests_shared_replicas_and_no_daemon(two_gpus) -> None:
     _, k8s, _ = two_gpus
     apps, crs = client.AppsV1Api(k8s), client.CustomObjectsApi(k8s)
     crs.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, tuning_job(
@@ -222,7 +222,7 @@ def _act_as_kubelet_and_tuner(core: Any, k8s: Any) -> None:
         finish_pod(k8s, NS, p.metadata.name, 0)
 
 
-def test_thirty_jobs_on_two_gpus_through_an_operator_kill(two_gpus) -> None:  # type: ignore[no-untyped-def]
+def test_thirty_jobs_on_two_gpus_through_an_operator_kill(two_gpus) -> None:
     """30 jobs at 50% applied at once on 2 GPUs, the operator SIGKILLed mid-way: never more than
     100% booked on a GPU, every job Succeeds, in creation order per GPU slot (first come first served)."""
     _, k8s, op = two_gpus

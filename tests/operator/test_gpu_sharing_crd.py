@@ -42,14 +42,14 @@ def _create(k8s: Any, ns: str, name: str, **spec: Any) -> str | None:
     ({"gpuSharing": {"share": 101}}, "should be less than or equal to 100"),
     ({"gpuSharing": {"pinnedMemory": "lots"}}, "should match"),
 ])
-def test_the_api_server_refuses_what_the_parser_refuses(k8s, crd, ns, spec, refusal) -> None:  # type: ignore[no-untyped-def]
+def test_the_api_server_refuses_what_the_parser_refuses(k8s, crd, ns, spec, refusal) -> None:
     message = _create(k8s, ns, "bad", **spec)
     assert message is not None and refusal in message, message
     with pytest.raises(SpecError):
         parse_spec("bad", {**tuning_job("bad", target="cuda", **spec)["spec"]})
 
 
-def test_valid_sharing_is_accepted_and_the_booking_is_immutable(k8s, crd, ns) -> None:  # type: ignore[no-untyped-def]
+def test_valid_sharing_is_accepted_and_the_booking_is_immutable(k8s, crd, ns) -> None:
     objs = client.CustomObjectsApi(k8s)
     for name, spec in [("pool", {"gpuSharing": {"mode": "pool", "share": 50, "pinnedMemory": "8G"}}),
                        ("dp", {"gpuSharing": {"mode": "devicePlugin",

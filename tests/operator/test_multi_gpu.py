@@ -39,7 +39,7 @@ def _pods(core: Any, ns: str, component: str) -> list[Any]:
             if p.metadata.deletion_timestamp is None]
 
 
-def test_servers_spread_over_gpus_follow_their_daemons(two_gpu_nodes) -> None:  # type: ignore[no-untyped-def]
+def test_servers_spread_over_gpus_follow_their_daemons(two_gpu_nodes) -> None:
     cluster, k8s, tmp = two_gpu_nodes
     core, apps = client.CoreV1Api(k8s), client.AppsV1Api(k8s)
     ns = "multi"

@@ -34,7 +34,7 @@ from .conftest import (
 pytestmark = [pytest.mark.cluster]
 
 
-from sharetune.controller.kube import read_or_none as maybe  # noqa: E402
+from sharetune.controller.kube import read_or_none as maybe
 
 
 def children(k8s: Any, ns: str, job: str) -> dict[str, list[str]]:
@@ -52,7 +52,7 @@ def children(k8s: Any, ns: str, job: str) -> dict[str, list[str]]:
     }
 
 
-def test_invalid_specs_are_rejected_with_readable_messages(k8s, crd, ns) -> None:  # type: ignore[no-untyped-def]
+def test_invalid_specs_are_rejected_with_readable_messages(k8s, crd, ns) -> None:
     cases = [
         ({"servers": {"threadPercentage": 0}},
          "spec.servers.threadPercentage in body should be greater than or equal to 1"),
@@ -76,7 +76,7 @@ def test_invalid_specs_are_rejected_with_readable_messages(k8s, crd, ns) -> None
         assert message in json.loads(e.value.body)["message"], (spec, e.value.body)
 
 
-def test_immutable_fields_are_rejected_after_creation(k8s, crd, ns) -> None:  # type: ignore[no-untyped-def]
+def test_immutable_fields_are_rejected_after_creation(k8s, crd, ns) -> None:
     create_job(k8s, ns, tuning_job("imm"))
     api = client.CustomObjectsApi(k8s)
     for patch, message in [({"spec": {"target": "cuda"}}, "target is immutable"),
@@ -89,7 +89,7 @@ def test_immutable_fields_are_rejected_after_creation(k8s, crd, ns) -> None:  # 
     api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "imm", {"spec": {"servers": {"replicas": 3}}})
 
 
-def test_cpu_job_children_env_and_security(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]
+def test_cpu_job_children_env_and_security(k8s, operator, ns) -> None:
     create_job(k8s, ns, tuning_job("cpu"))
     wait_for("phase Pending", lambda: get_job(k8s, ns, "cpu").get("status", {}).get("phase"))
     got = children(k8s, ns, "cpu")
@@ -120,7 +120,7 @@ def test_cpu_job_children_env_and_security(k8s, operator, ns) -> None:  # type: 
     assert role.rules[0].verbs == ["get", "update", "patch"]
 
 
-def test_gpu_job_places_servers_with_the_mps_daemon(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]
+def test_gpu_job_places_servers_with_the_mps_daemon(k8s, operator, ns) -> None:
     create_job(k8s, ns, tuning_job("gpu", target="cuda", servers={"replicas": 3, "threadPercentage": 25,
                                                                    "pinnedMemoryLimit": "4G"}))
     core = client.CoreV1Api(k8s)
@@ -164,7 +164,7 @@ def test_gpu_job_places_servers_with_the_mps_daemon(k8s, operator, ns) -> None: 
         assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/pipe" and p.spec.host_ipc
 
 
-def test_a_second_gpu_job_waits_with_a_clear_reason(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]
+def test_a_second_gpu_job_waits_with_a_clear_reason(k8s, operator, ns) -> None:
     # The cluster's only GPU is held by a pod of another job: the daemon cannot be scheduled.
     core = client.CoreV1Api(k8s)
     core.create_namespaced_pod(ns, client.V1Pod(metadata=client.V1ObjectMeta(name="gpu-hog"), spec=client.V1PodSpec(
@@ -179,7 +179,7 @@ def test_a_second_gpu_job_waits_with_a_clear_reason(k8s, operator, ns) -> None: 
     assert ready["reason"] == "GpuUnavailable" and ready["status"] == "False"
 
 
-def test_scale_servers_live(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]
+def test_scale_servers_live(k8s, operator, ns) -> None:
     create_job(k8s, ns, tuning_job("scale", servers={"replicas": 1}))
     apps = client.AppsV1Api(k8s)
     wait_for("servers deployment", lambda: maybe(apps.read_namespaced_deployment, "scale-servers", ns))
@@ -190,7 +190,7 @@ def test_scale_servers_live(k8s, operator, ns) -> None:  # type: ignore[no-untyp
         k8s, ns, "sharetune.io/job=scale,app.kubernetes.io/component=server")) == 4)
 
 
-def test_failed_shard_is_retried_then_the_job_fails_with_a_reason(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]
+def test_failed_shard_is_retried_then_the_job_fails_with_a_reason(k8s, operator, ns) -> None:
     create_job(k8s, ns, tuning_job("flaky", clients={"shards": 2, "backoffLimitPerIndex": 1}))
     sel = "job-name=flaky-clients"
     for attempt in range(2):  # the first failure is retried (a new pod for index 1), the second is final
@@ -208,7 +208,7 @@ def test_failed_shard_is_retried_then_the_job_fails_with_a_reason(k8s, operator,
     assert any(e.reason == "ShardFailed" and e.type == "Warning" for e in events)
 
 
-def test_a_finished_job_is_deleted_after_its_ttl(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]
+def test_a_finished_job_is_deleted_after_its_ttl(k8s, operator, ns) -> None:
     create_job(k8s, ns, tuning_job("brief", clients={"shards": 1, "backoffLimitPerIndex": 0},
                                    ttlSecondsAfterFinished=0))
     pod = wait_for("its pod", lambda: next(iter(running_pods(k8s, ns, "job-name=brief-clients")), None))
@@ -223,7 +223,7 @@ def test_a_finished_job_is_deleted_after_its_ttl(k8s, operator, ns) -> None:  # 
     wait_for("deleted after ttl 0", gone, 90)
 
 
-def test_delete_garbage_collects_children(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]
+def test_delete_garbage_collects_children(k8s, operator, ns) -> None:
     create_job(k8s, ns, tuning_job("gone"))
     wait_for("children", lambda: children(k8s, ns, "gone")["Job"])
     client.CustomObjectsApi(k8s).delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "gone")
@@ -231,7 +231,7 @@ def test_delete_garbage_collects_children(k8s, operator, ns) -> None:  # type: i
     wait_for("every child collected", lambda: children(k8s, ns, "gone") == empty, 90)
 
 
-def test_operator_restart_mid_job_duplicates_nothing(k8s, operator: Operator, ns) -> None:  # type: ignore[no-untyped-def]
+def test_operator_restart_mid_job_duplicates_nothing(k8s, operator: Operator, ns) -> None:
     create_job(k8s, ns, tuning_job("restart"))
     before = wait_for("all children", lambda: (c := children(k8s, ns, "restart"))["Job"]
                       and len(c["ConfigMap"]) == 4 and c)
@@ -257,7 +257,7 @@ def as_local(args: list[str], **replace: str) -> list[str]:
 
 @pytest.mark.parametrize("output", ["configmap", "s3"])
 def test_a_real_tuning_run_through_the_operator(k8s, cluster, operator, ns, tmp_path: Path, output: str,
-                                                request) -> None:  # type: ignore[no-untyped-def]
+                                                request) -> None:
     """The test acts as the pods: it runs the very args of the pods' containers (the real tuner
     commands, with the store the operator chose) locally, then reports their exit to the API
     server like a kubelet would. The job is submitted as users do, `sharetune run FILE` without
@@ -367,7 +367,7 @@ def test_a_real_tuning_run_through_the_operator(k8s, cluster, operator, ns, tmp_
 
 
 def test_s3_cleanup_on_delete_uses_a_finalizer_only_when_asked(k8s, cluster, operator, ns, s3,
-                                                               tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+                                                               tmp_path: Path) -> None:
     """cleanupOnDelete: a finalizer only on the jobs that ask. On deletion a Job in the job's
     namespace deletes its objects, with the job's own Secret resolved into the pod's env by the
     kubelet (here the process kubelet, which runs the clean-up pods' real command; the operator
@@ -441,7 +441,7 @@ def test_s3_cleanup_on_delete_uses_a_finalizer_only_when_asked(k8s, cluster, ope
     assert not [e for j in ("wipe", "fore", "denied") for e in events(j) if "temporarily" in (e.message or "")]
 
 
-def test_operator_exports_metrics(operator) -> None:  # type: ignore[no-untyped-def]
+def test_operator_exports_metrics(operator) -> None:
     from prometheus_client import REGISTRY, generate_latest
 
     text = generate_latest(REGISTRY).decode()
@@ -451,7 +451,7 @@ def test_operator_exports_metrics(operator) -> None:  # type: ignore[no-untyped-
         assert name in text, name
 
 
-def test_smoke_test_command_applies_a_job_and_reports_when_it_does_not_finish(k8s, cluster, operator, ns) -> None:  # type: ignore[no-untyped-def]
+def test_smoke_test_command_applies_a_job_and_reports_when_it_does_not_finish(k8s, cluster, operator, ns) -> None:
     """The `helm test` hook's command. Here no pod runs (kwok), so it must time out, clearly."""
     import os
 

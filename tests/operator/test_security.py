@@ -58,7 +58,7 @@ def _can(k8s: Any, user: str, ns: str, verb: str, resource: str, group: str = ""
     return bool(client.AuthorizationV1Api(k8s).create_subject_access_review(sar).status.allowed)
 
 
-def test_operator_service_account_has_exactly_what_it_uses(k8s, cluster, ns) -> None:  # type: ignore[no-untyped-def]
+def test_operator_service_account_has_exactly_what_it_uses(k8s, cluster, ns) -> None:
     from sharetune_dev.cluster import binaries
 
     out = subprocess.run([str(binaries.path_of("helm")), "template", "st", str(CHART), "-n", ns,
@@ -115,7 +115,7 @@ def test_operator_service_account_has_exactly_what_it_uses(k8s, cluster, ns) -> 
         rbac.delete_cluster_role(view["metadata"]["name"])
 
 
-def test_job_pods_reach_only_their_own_configmaps(k8s, operator, ns) -> None:  # type: ignore[no-untyped-def]
+def test_job_pods_reach_only_their_own_configmaps(k8s, operator, ns) -> None:
     create_job(k8s, ns, tuning_job("sec"))
     from sharetune.controller.kube import read_or_none
 

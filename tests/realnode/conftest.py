@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from sharetune_dev.cluster.node import RealCluster
 
 
-def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+def pytest_collection_modifyitems(config, items):
     if os.environ.get("SHARETUNE_REALNODE") == "1":
         return
     skip = pytest.mark.skip(reason="real-node stage: run `bash .ci/realnode` (SHARETUNE_REALNODE=1)")

@@ -27,7 +27,7 @@ print('PROBE', ip, urllib.request.urlopen(req, context=ctx).status)
 """
 
 
-def test_pods_reach_services_by_dns_name(real) -> None:  # type: ignore[no-untyped-def]
+def test_pods_reach_services_by_dns_name(real) -> None:
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "namespace": "default"},
            "spec": {"restartPolicy": "Never", "containers": [{
                "name": "probe", "image": "localhost/sharetune-tuner:0.1.0", "imagePullPolicy": "Never",
@@ -44,7 +44,7 @@ def test_pods_reach_services_by_dns_name(real) -> None:  # type: ignore[no-untyp
     kubectl(real, "delete", "pod", "probe", "--wait=false")
 
 
-def test_tuningjob_succeeds_on_real_pods_despite_killed_pods(real) -> None:  # type: ignore[no-untyped-def]
+def test_tuningjob_succeeds_on_real_pods_despite_killed_pods(real) -> None:
     realrun.helm_install(real)
     op = realrun.pods(real, selector=OPERATOR)
     assert [p["status"]["phase"] for p in op] == ["Running"]
@@ -59,7 +59,7 @@ def test_tuningjob_succeeds_on_real_pods_despite_killed_pods(real) -> None:  # t
     killed: dict[str, str] = {}
     at: list[float] = []  # when each kill happened: the next one comes GAP_S later
 
-    def faults(j):  # type: ignore[no-untyped-def]
+    def faults(j):
         st = j.get("status") or {}
         if "client" not in killed and (st.get("trialsCompleted") or 0) > 0:
             clients = [p for p in realrun.pods(real,
@@ -104,7 +104,7 @@ def test_tuningjob_succeeds_on_real_pods_despite_killed_pods(real) -> None:  # t
           f"{st['trialsPerSecond']} trials/s, {st['untunedLatencyMs']} -> {st['tunedLatencyMs']} ms; killed {killed}")
 
 
-def test_helm_test_passes(real) -> None:  # type: ignore[no-untyped-def]
+def test_helm_test_passes(real) -> None:
     r = realrun.helm_test(real)
     assert r.returncode == 0, r.stdout + r.stderr + realrun.diagnostics(real)
     assert "TEST SUITE:     sharetune-smoke-test" in r.stdout and "Phase:          Succeeded" in r.stdout, r.stdout

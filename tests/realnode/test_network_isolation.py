@@ -63,18 +63,18 @@ def _probe_pod(name: str, namespace: str, labels: dict[str, str] | None = None) 
                                      "command": ["python", "-c", "import time; time.sleep(3600)"]}]}}
 
 
-def _running(real, namespace: str, name: str) -> bool:  # type: ignore[no-untyped-def]
+def _running(real, namespace: str, name: str) -> bool:
     r = kubectl(real, "get", "pod", name, "-n", namespace, "-o", "json", check=False)
     return r.returncode == 0 and json.loads(r.stdout)["status"].get("phase") == "Running"
 
 
-def _connect(real, source: tuple[str, str], targets: list[tuple[str, int]]) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def _connect(real, source: tuple[str, str], targets: list[tuple[str, int]]) -> dict[str, str]:
     ns, pod = source
     r = kubectl(real, "exec", "-n", ns, pod, "--", "python", "-c", CONNECT, json.dumps(targets), timeout=60)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def _targets(real, job: str) -> dict[str, tuple[str, int]]:  # type: ignore[no-untyped-def]
+def _targets(real, job: str) -> dict[str, tuple[str, int]]:
     """'<component> <pod>/<port name>' -> (pod IP, port) for every declared port of the job's
     tracker, server and builder pods that run."""
     out = {}
@@ -89,7 +89,7 @@ def _targets(real, job: str) -> dict[str, tuple[str, int]]:  # type: ignore[no-u
     return out
 
 
-def test_only_the_jobs_own_pods_reach_its_tracker_servers_and_builders(real) -> None:  # type: ignore[no-untyped-def]
+def test_only_the_jobs_own_pods_reach_its_tracker_servers_and_builders(real) -> None:
     t_start = time.monotonic()
     for ns in (OTHER_NS, MONITORING_NS):
         kubectl(real, "create", "namespace", ns)

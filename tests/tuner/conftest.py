@@ -75,7 +75,7 @@ def registered(port: int, key: str) -> int:
     return len(registered_servers(s, key)) if s else 0
 
 
-def wait_until(fn, timeout: float = 60, what: str = "condition"):  # type: ignore[no-untyped-def]
+def wait_until(fn, timeout: float = 60, what: str = "condition"):
     return wait_for(what, fn, timeout, every=0.5)
 
 
@@ -120,7 +120,7 @@ def _tcp_open(port: int) -> bool:
 
 
 @pytest.fixture()
-def s3_env(s3, monkeypatch):  # type: ignore[no-untyped-def]
+def s3_env(s3, monkeypatch):
     """The real S3 server, with the environment the tuner's S3 store reads (endpoint, keys)."""
     monkeypatch.setenv("SHARETUNE_S3_ENDPOINT", s3.endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")

@@ -21,16 +21,16 @@ import pytest
 
 pytest.importorskip("tvm")
 
-import tvm  # noqa: E402
-from tvm import te  # noqa: E402
-from tvm.s_tir import meta_schedule as ms  # noqa: E402
-from tvm.s_tir.meta_schedule.testing import te_workload  # noqa: E402
+import tvm
+from tvm import te
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.testing import te_workload
 
-from sharetune_tuner import remote_builder  # noqa: E402
-from sharetune_tuner.build_protocol import ARTIFACT_DIR_ENV, AUTHKEY_ENV  # noqa: E402
-from sharetune_tuner.remote_builder import RemoteBuilder  # noqa: E402
+from sharetune_tuner import remote_builder
+from sharetune_tuner.build_protocol import ARTIFACT_DIR_ENV, AUTHKEY_ENV
+from sharetune_tuner.remote_builder import RemoteBuilder
 
-from .conftest import Spawned, free_port, tuner, wait_until  # noqa: E402
+from .conftest import Spawned, free_port, tuner, wait_until
 
 pytestmark = pytest.mark.tvm
 BUDGET, PER_ITER = 8, 4

@@ -23,10 +23,10 @@ from .conftest import Topology, example_job, tuner
 
 def _cfg(**kw: object) -> ClientConfig:
     return ClientConfig(job="j", shard=0, shards=1, work_dir=Path("/nonexistent"), tracker_host="h", tracker_port=1,
-                        tracker_key="k", servers=1, total_trials=64, trials_per_task=16, **kw)  # type: ignore[arg-type]
+                        tracker_key="k", servers=1, total_trials=64, trials_per_task=16, **kw)
 
 
-def test_replay_by_default_and_the_variable_chooses(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_replay_by_default_and_the_variable_chooses(monkeypatch) -> None:
     monkeypatch.delenv("SHARETUNE_COLD_SEARCH", raising=False)
     assert _cfg().cold_search == "replay"
     assert first_round_search(_cfg(), ms.CostModel.create("random"), 0) == "replay"
@@ -101,7 +101,7 @@ def test_short_keeps_the_population_with_one_generation_while_cold() -> None:
     assert search_strategy(short).genetic_num_iters == 4  # later rounds: the evolutionary generations
 
 
-def test_the_evolution_after_the_first_round_takes_its_shape_from_the_variable(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_evolution_after_the_first_round_takes_its_shape_from_the_variable(monkeypatch) -> None:
     monkeypatch.delenv("SHARETUNE_EVOLUTION", raising=False)
     assert str(_cfg().evolution) == "4x4"  # half stock's population ratio, its generations
     monkeypatch.setenv("SHARETUNE_EVOLUTION", "4x2")

@@ -11,15 +11,15 @@ import pytest
 
 pytest.importorskip("tvm")
 
-import numpy as np  # noqa: E402
-import tvm  # noqa: E402
-from tvm import te  # noqa: E402
-from tvm.ir.utils import derived_object  # noqa: E402
-from tvm.s_tir import meta_schedule as ms  # noqa: E402
-from tvm.s_tir.meta_schedule.testing import te_workload  # noqa: E402
+import numpy as np
+import tvm
+from tvm import te
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.testing import te_workload
 
-from sharetune_tuner.callbacks import CostModelUpdate  # noqa: E402
-from sharetune_tuner.client import TaskProgress  # noqa: E402
+from sharetune_tuner.callbacks import CostModelUpdate
+from sharetune_tuner.client import TaskProgress
 
 pytestmark = pytest.mark.tvm
 BUDGET, PER_ITER = 8, 4  # two measured batches

@@ -14,7 +14,7 @@ from sharetune_tuner.local import LocalRun
 def planned(spec: dict[str, Any], tmp_path: Path) -> tuple[LocalRun, list[tuple[str, list[str], dict[str, str]]]]:
     run = LocalRun(parse_spec("j", spec), tmp_path / "job.yaml", tmp_path / "run")
     calls: list[tuple[str, list[str], dict[str, str]]] = []
-    run._spawn = lambda name, args, env=None: calls.append((name, args, env or run._base_env()))  # type: ignore[method-assign]
+    run._spawn = lambda name, args, env=None: calls.append((name, args, env or run._base_env()))
     import sharetune_tuner.local as local
 
     # Nothing really starts: the servers' readiness waits (MPS daemon, tracker) pass at once.

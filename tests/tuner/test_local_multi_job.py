@@ -46,7 +46,7 @@ def test_one_gpu_is_shared_first_come_first_served(tmp_path: Path) -> None:
     pool.release(jobs[0])
     admitted, _ = pool.admit(jobs[1:])
     assert [j.spec.name for j in admitted] == ["b", "c"]  # 60 + 30 <= 100
-    assert {d.index for j in admitted for d in j.placement.devices} == {0}  # type: ignore[union-attr]
+    assert {d.index for j in admitted for d in j.placement.devices} == {0}
     for j in admitted:
         j.state = "running"
     note_co_tenants(jobs, 5.0)

@@ -54,7 +54,7 @@ def _child(pipe: Path, *args: str) -> subprocess.Popen[str]:
     assert p.stdout is not None
     first = p.stdout.readline().split()
     assert first and first[0] == "in", first
-    p.first = first  # type: ignore[attr-defined]
+    p.first = first
     return p
 
 
@@ -244,7 +244,7 @@ def test_a_real_rpc_session_measures_inside_the_servers_window(pipe: Path, tmp_p
             assert alone and t.is_alive()  # the server's next measurement waits for the merge
         t.join(30)
         end()
-        assert got["fenced"] and float(got["waited_s"]) > 0.5  # type: ignore[arg-type]
+        assert got["fenced"] and float(got["waited_s"]) > 0.5
     finally:
         other.kill()
         other.wait()

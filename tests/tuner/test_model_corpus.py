@@ -21,10 +21,10 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("tvm")
 
-from sharetune_tuner import model as model_mod  # noqa: E402
-from sharetune_tuner.errors import ModelError  # noqa: E402
-from sharetune_tuner.targets import make_target  # noqa: E402
-from sharetune_tuner.tasks import extract  # noqa: E402
+from sharetune_tuner import model as model_mod
+from sharetune_tuner.errors import ModelError
+from sharetune_tuner.targets import make_target
+from sharetune_tuner.tasks import extract
 
 pytestmark = pytest.mark.tvm
 

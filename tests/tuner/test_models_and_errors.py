@@ -12,13 +12,13 @@ import pytest
 
 pytest.importorskip("tvm")
 
-from sharetune_tuner import model as model_mod  # noqa: E402
-from sharetune_tuner.errors import ModelError, TargetError  # noqa: E402
-from sharetune_tuner.local_pool import local_gpu_count  # noqa: E402
-from sharetune_tuner.targets import make_target  # noqa: E402
-from sharetune_tuner.tasks import extract  # noqa: E402
+from sharetune_tuner import model as model_mod
+from sharetune_tuner.errors import ModelError, TargetError
+from sharetune_tuner.local_pool import local_gpu_count
+from sharetune_tuner.targets import make_target
+from sharetune_tuner.tasks import extract
 
-from .conftest import EXAMPLE, example_job  # noqa: E402
+from .conftest import EXAMPLE, example_job
 
 pytestmark = pytest.mark.tvm
 

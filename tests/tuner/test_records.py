@@ -8,12 +8,12 @@ import pytest
 
 pytest.importorskip("tvm")
 
-import tvm  # noqa: E402
-from tvm import te  # noqa: E402
-from tvm.s_tir import meta_schedule as ms  # noqa: E402
-from tvm.s_tir.meta_schedule.testing import te_workload  # noqa: E402
+import tvm
+from tvm import te
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.testing import te_workload
 
-from sharetune_tuner import records  # noqa: E402
+from sharetune_tuner import records
 
 pytestmark = pytest.mark.tvm
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 1})

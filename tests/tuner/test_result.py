@@ -91,7 +91,7 @@ def test_local_result_compiles_to_a_library_that_runs_tuned(run_dir: Path, tmp_p
     assert r.returncode == 0 and "tiny_cnn: output [1, 10]" in r.stdout, r.stdout + r.stderr
 
 
-def test_result_from_s3(run_dir: Path, tmp_path: Path, s3_env: Any) -> None:  # type: ignore[no-untyped-def]
+def test_result_from_s3(run_dir: Path, tmp_path: Path, s3_env: Any) -> None:
     from sharetune_tuner.result import fetch
     from sharetune_tuner.store import S3Store, pack
 
@@ -106,7 +106,7 @@ def test_result_from_s3(run_dir: Path, tmp_path: Path, s3_env: Any) -> None:  # 
 
 
 @pytest.mark.cluster
-def test_result_from_the_result_configmap_and_a_missing_job(run_dir: Path, tmp_path: Path,  # type: ignore[no-untyped-def]
+def test_result_from_the_result_configmap_and_a_missing_job(run_dir: Path, tmp_path: Path,
                                                            cluster, k8s, crd, monkeypatch) -> None:
     from kubernetes import client
 

@@ -43,7 +43,7 @@ def test_server_exports_metrics_and_health_and_stops_on_sigterm(topology: Topolo
     wait_until(lambda: registered(topology.tracker_port, topology.key) == 1, 20, "tracker forgets it")
 
 
-def test_a_server_given_only_its_port_tries_the_ports_after_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_server_given_only_its_port_tries_the_ports_after_it(tmp_path) -> None:
     """`server --port P` without --port-end starts (it once tried the empty [P, 9199) and died with a
     traceback), moving past a port that is taken; when every port of its range is taken, it says so
     in one line."""
@@ -81,7 +81,7 @@ def _rpc_port(log: str) -> str:
     raise AssertionError(log)
 
 
-def test_a_server_that_must_use_mps_waits_for_the_daemon_and_never_runs_without_it(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_server_that_must_use_mps_waits_for_the_daemon_and_never_runs_without_it(tmp_path, monkeypatch) -> None:
     import threading
     import time
 
@@ -107,6 +107,6 @@ def test_a_server_that_must_use_mps_waits_for_the_daemon_and_never_runs_without_
     slow = TuningServer(ServerConfig("127.0.0.1", 1, "k", host="127.0.0.1", port=0, port_end=0,
                                      require_mps=True, mps_wait_s=10))
     # Past the wait is TVM's part and the tracker's: not needed here.
-    slow._start = lambda: None  # type: ignore[method-assign]
-    slow.is_registered = lambda: False  # type: ignore[method-assign]
+    slow._start = lambda: None
+    slow.is_registered = lambda: False
     assert slow.serve(stop, poll_s=0.1) == 0 and not slow.waiting_for_mps

@@ -36,7 +36,7 @@ def test_store_errors_are_clear() -> None:
 
 
 @pytest.mark.cluster
-def test_configmap_store_refuses_to_truncate(cluster, k8s, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_configmap_store_refuses_to_truncate(cluster, k8s, tmp_path: Path) -> None:
     from kubernetes import client
 
     os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
@@ -121,7 +121,7 @@ def test_both_stores_implement_the_store_protocol_in_full(monkeypatch: pytest.Mo
                 assert inspect.signature(impl).parameters[pname].default == p.default
 
 
-def test_s3_put_text_lands_next_to_the_object(s3_env) -> None:  # type: ignore[no-untyped-def]
+def test_s3_put_text_lands_next_to_the_object(s3_env) -> None:
     store = open_store("s3://proto/ns/job")
     assert isinstance(store, S3Store)
 
@@ -236,7 +236,7 @@ def test_progress_goes_with_the_shard_and_to_the_sink(tmp_path: Path) -> None:
     assert (failed.shard, failed.done, failed.state, failed.message) == (0, 2, "failed", "model broke")
 
 
-def test_s3_cleanup_deletes_every_object_of_the_job_and_nothing_else(s3_env, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_s3_cleanup_deletes_every_object_of_the_job_and_nothing_else(s3_env, capsys, monkeypatch) -> None:
     """`sharetune-tuner s3-cleanup` (what a TuningJob's clean-up Job runs): every key under the
     job's prefix and a slash, so job "a" never takes job "ab"'s objects; exit codes on errors."""
     import json

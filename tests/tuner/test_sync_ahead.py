@@ -17,13 +17,13 @@ def _line(i: int) -> bytes:
     return (json.dumps([0, [[["Split", [f"l{i}"], [4, 16]]], [1e-3 * (i + 1)], {"kind": "llvm"}, []]]) + "\n").encode()
 
 
-def _stored(store, tmp: Path, n: int) -> bytes:  # type: ignore[no-untyped-def]
+def _stored(store, tmp: Path, n: int) -> bytes:
     out = tmp / f"back-{n}"
     unpack(store.get("shard-0") or b"", out)
     return (out / records.RECORDS).read_bytes()
 
 
-def test_uploads_keep_the_uncommitted_batch(s3_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_uploads_keep_the_uncommitted_batch(s3_env, tmp_path: Path) -> None:
     store = open_store("s3://sync-ahead/ns/job")
     db = tmp_path / "shard"
     db.mkdir()

@@ -14,16 +14,16 @@ from prometheus_client import REGISTRY
 
 pytest.importorskip("tvm")
 
-import tvm  # noqa: E402
-from tvm import te  # noqa: E402
-from tvm.s_tir import meta_schedule as ms  # noqa: E402
-from tvm.s_tir.meta_schedule.testing import te_workload  # noqa: E402
+import tvm
+from tvm import te
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.testing import te_workload
 
-from sharetune_tuner import records  # noqa: E402
-from sharetune_tuner.callbacks import CommitBatch, StoreBatch, WriteAhead  # noqa: E402
-from sharetune_tuner.store import open_store, unpack  # noqa: E402
-from sharetune_tuner.sync import ShardSync  # noqa: E402
-from sharetune_tuner.write_ahead import RecordLines  # noqa: E402
+from sharetune_tuner import records
+from sharetune_tuner.callbacks import CommitBatch, StoreBatch, WriteAhead
+from sharetune_tuner.store import open_store, unpack
+from sharetune_tuner.sync import ShardSync
+from sharetune_tuner.write_ahead import RecordLines
 
 pytestmark = pytest.mark.tvm
 BUDGET, PER_ITER = 8, 4  # two measured batches
@@ -52,7 +52,7 @@ def _tune(db_dir: Path, store_ahead: Any) -> None:
         stage.close()
 
 
-def test_batch_is_stored_before_the_database_commits_it(s3_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_batch_is_stored_before_the_database_commits_it(s3_env, tmp_path: Path) -> None:
     store = open_store("s3://write-ahead/ns/job")
     db_dir = tmp_path / "shard"
     db_dir.mkdir()

@@ -43,8 +43,8 @@ log = logging.getLogger("sharetune.build")
 
 def _warm_up() -> int:
     """Runs once in each worker at start: the imports a build needs, paid before the first batch."""
-    from tvm.driver import build  # noqa: F401
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock  # noqa: F401
+    from tvm.driver import build  # noqa: F401  # imported for its import time only
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock  # noqa: F401  # likewise
 
     time.sleep(0.2)  # hold the worker so every pool thread gets (and starts) its own
     return os.getpid()

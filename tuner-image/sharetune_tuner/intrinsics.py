@@ -72,11 +72,11 @@ def _patched_register(on_register: Any) -> Iterator[None]:
     from tvm.s_tir import TensorIntrin
 
     original = TensorIntrin.__dict__["register"]
-    TensorIntrin.register = staticmethod(on_register)  # type: ignore[method-assign]
+    TensorIntrin.register = staticmethod(on_register)  # type: ignore[method-assign]  # swapped for the parse only
     try:
         yield
     finally:
-        TensorIntrin.register = original  # type: ignore[method-assign]
+        TensorIntrin.register = original  # type: ignore[method-assign]  # and put back
 
 
 def capture() -> list[tuple[str, Any, Any]]:
@@ -138,7 +138,8 @@ class _ReRegisteringFinder(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return spec
-        real_exec = spec.loader.exec_module  # type: ignore[union-attr]
+        loader = spec.loader
+        real_exec = loader.exec_module
 
         def exec_module(module: Any) -> None:
             from tvm.s_tir import TensorIntrin
@@ -147,7 +148,7 @@ class _ReRegisteringFinder(importlib.abc.MetaPathFinder):
             with _patched_register(lambda n, d, i, override=False: register(n, d, i, True)):
                 real_exec(module)
 
-        spec.loader.exec_module = exec_module  # type: ignore[union-attr, method-assign]
+        loader.exec_module = exec_module  # type: ignore[method-assign]  # this module's loading re-registers
         return spec
 
 
@@ -160,7 +161,7 @@ def _install_package_stub() -> None:
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[PACKAGE] = module
-    tvm.s_tir.tensor_intrin = module  # type: ignore[attr-defined]
+    tvm.s_tir.tensor_intrin = module  # type: ignore[attr-defined]  # TVM's lazy submodule, set before its import
     if not any(isinstance(f, _ReRegisteringFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _ReRegisteringFinder())
 

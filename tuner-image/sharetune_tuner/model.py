@@ -230,7 +230,7 @@ def _folder_class() -> Any:
     from tvm import relax
 
     @relax.expr_functor.mutator
-    class WeightFolder(relax.PyExprMutator):  # type: ignore[misc]
+    class WeightFolder(relax.PyExprMutator):  # type: ignore[misc]  # relax has no stubs: a subclass of Any
         """Replaces each binding :func:`_fold` can compute by the constant it computes (where the
         result has the binding's static shape and dtype); everything else is left to TVM."""
 

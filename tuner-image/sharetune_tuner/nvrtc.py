@@ -75,7 +75,7 @@ def install(mode: str | None = None) -> str:
         m = os.environ.get(MODE_ENV, DEFAULT_MODE)
         return create(rewrite(src.decode(), m).encode(), name, *args)
 
-    create_program._sharetune_inner = create  # type: ignore[attr-defined]
+    create_program._sharetune_inner = create  # type: ignore[attr-defined]  # marks the wrapper: installed once
     nvrtc.nvrtcCreateProgram = create_program
     return mode
 

@@ -201,7 +201,7 @@ class RemoteBuilder(PyBuilder):
             for i, r in zip(todo, self.fallback.build([build_inputs[i] for i in todo])):
                 results[i] = (r.artifact_path, r.error_msg)
             self.local_builds += len(todo)
-        return [BuilderResult(path, err) for path, err in results]  # type: ignore[misc]
+        return [BuilderResult(path, err) for path, err in results]  # type: ignore[misc]  # TVM's FFI class, untyped
 
     def shutdown(self) -> None:
         for ep in list(self.conns):

@@ -92,7 +92,7 @@ def _measure(rpc_config: RPCConfig, evaluator_config: EvaluatorConfig, alloc_rep
 
 
 @derived_object
-class SessionRPCRunner(RPCRunner._cls):  # type: ignore[name-defined]
+class SessionRPCRunner(RPCRunner._cls):  # type: ignore[name-defined]  # TVM's registered class, untyped
     """``RPCRunner`` with one long-lived session per worker (see the module docstring)."""
 
     def __init__(self, rpc_config: RPCConfig, evaluator_config: EvaluatorConfig, max_workers: int,

@@ -20,7 +20,7 @@ import os
 import tarfile
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from sharetune.api.exitcodes import ExitCode
 from sharetune.api.topology import object_configmap, s3_extra_key, s3_object_key
@@ -103,7 +103,7 @@ def unpack(data: bytes, directory: Path) -> None:
         tar.extractall(directory)
 
 
-def _kube_core():  # type: ignore[no-untyped-def]
+def _kube_core() -> Any:
     from kubernetes import client, config
 
     try:
@@ -116,7 +116,7 @@ def _kube_core():  # type: ignore[no-untyped-def]
 try:  # what the Kubernetes client raises when the API server cannot be reached at all
     from urllib3.exceptions import HTTPError as _HTTPError
 except ImportError:  # pragma: no cover (urllib3 comes with the kubernetes client)
-    _HTTPError = OSError  # type: ignore[misc,assignment]
+    _HTTPError = OSError  # type: ignore[misc,assignment]  # a stand-in class when urllib3 is absent
 _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (_HTTPError, OSError)
 
 
@@ -130,7 +130,7 @@ class ConfigMapStore:
         self._core = None
 
     @property
-    def core(self):  # type: ignore[no-untyped-def]
+    def core(self) -> Any:
         if self._core is None:
             self._core = _kube_core()
         return self._core
@@ -146,7 +146,7 @@ class ConfigMapStore:
         body = {"binaryData": {"data.tar.gz": encoded}, "data": extra or {}}
         self._patch(self.configmap(name), body)
 
-    def _patch(self, cm: str, body: dict) -> None:  # type: ignore[type-arg]
+    def _patch(self, cm: str, body: dict[str, Any]) -> None:
         from kubernetes.client.rest import ApiException
 
         try:
@@ -177,7 +177,7 @@ class ConfigMapStore:
         return base64.b64decode(blob) if blob else None
 
 
-def s3_client():  # type: ignore[no-untyped-def]
+def s3_client() -> Any:
     """An S3 client from the environment: credentials and region as boto3 reads them
     (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION), the endpoint from
     SHARETUNE_S3_ENDPOINT (an S3-compatible store; unset: AWS)."""

@@ -125,7 +125,7 @@ class ShardSync:
         stores the batch when it can."""
         recs = self.work_dir / records.RECORDS
         after = recs.stat().st_size if recs.exists() else 0
-        done, result = threading.Event(), []  # type: ignore[var-annotated]
+        done, result = threading.Event(), []  # type: ignore[var-annotated]  # holds the store's answer, any type
         with self._ahead_lock:
             self._uncommitted = (pending, after)
             self._waiting = (done, result)

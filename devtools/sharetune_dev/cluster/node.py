@@ -165,7 +165,7 @@ def _issue_client(pki_dir: Path, cn: str, org: str | None, stem: str) -> tuple[P
     """A client certificate signed by the cluster's CA (files ``<stem>.crt``/``.key``)."""
     ca_cert = x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes())
     ca_key = serialization.load_pem_private_key((pki_dir / "ca.key").read_bytes(), password=None)
-    key, cert = _issue(ca_key, ca_cert, _name(cn, org), client=True)  # type: ignore[arg-type]
+    key, cert = _issue(ca_key, ca_cert, _name(cn, org), client=True)  # type: ignore[arg-type]  # the CA's key is RSA
     crt, k = pki_dir / f"{stem}.crt", pki_dir / f"{stem}.key"
     _write_cert(crt, cert)
     _write_key(k, key)
