@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from common import RUN_ROOT, export_results, load_cells, log, tuner_env
@@ -36,7 +37,7 @@ def merged(run_id: str) -> dict:
                                        "gpuSharing": {"mps": False}, "clients": {"shards": len(cell["db_dirs"])},
                                        "seed": cell.get("seed", 0)})
     t0 = time.monotonic()
-    s = merge_and_report(spec, [Path(d) for d in cell["db_dirs"]], RUN_ROOT / "never-worse" / run_id)
+    s = asdict(merge_and_report(spec, [Path(d) for d in cell["db_dirs"]], RUN_ROOT / "never-worse" / run_id))
     out = {k: s.get(k) for k in KEEP if k in s}
     out["tasks"] = [{k: t.get(k) for k in ("name", "trials", "best_latency_us", "default_us", "tuned_us", "winner")
                      if k in t} for t in s.get("tasks", [])]

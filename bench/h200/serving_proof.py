@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from common import RUN_ROOT, add_prior_runs_arg, load_cells, log, restore_runs, tuner_env
@@ -43,7 +44,7 @@ def main() -> int:
     t0 = time.monotonic()
     daemon.start()
     try:
-        summary = merge_and_report(spec, [Path(d) for d in cell["db_dirs"]], RUN_ROOT / "proof" / a.run)
+        summary = asdict(merge_and_report(spec, [Path(d) for d in cell["db_dirs"]], RUN_ROOT / "proof" / a.run))
     finally:
         daemon.stop()
     res = {"run": a.run, "tuned_at_pct": cell["thread_pct"], "wall_s": round(time.monotonic() - t0, 1),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from sharetune.api.summary import Summary
 from sharetune.controller.status import (
     FAILED,
     MERGING,
@@ -28,7 +29,7 @@ def test_phases_follow_the_observed_children() -> None:
     assert next_phase(PENDING, Observed([shard(0, "tuning", 1)]), 1)[:2] == (RUNNING, "Tuning")
     assert next_phase(RUNNING, Observed([shard(0, "done", 4)], clients_succeeded=1), 1)[:2] == (MERGING, "ShardsDone")
     ok = Observed([shard(0, "done", 4)], clients_succeeded=1, merge_exists=True, merge_succeeded=True,
-                  summary={"records": 4, "speedup": 3.2})
+                  summary=Summary.from_dict({"records": 4, "speedup": 3.2}))
     assert next_phase(MERGING, ok, 1) == (SUCCEEDED, "Merged", "4 trials merged; 3.2x faster than untuned")
     lost = Observed([shard(0, "done", 4)], clients_succeeded=1, merge_exists=True, merge_succeeded=True)
     assert next_phase(MERGING, lost, 1)[:2] == (FAILED, "ResultMissing")
@@ -96,9 +97,9 @@ def test_a_result_not_faster_than_untuned_says_so() -> None:
     from sharetune.controller.status import improved_condition, result_fields
 
     done = dict(clients_succeeded=1, merge_exists=True, merge_succeeded=True)
-    slower = {"records": 96, "speedup": 1.0, "improved": False, "speedup_of_records": 0.83,
+    slower = Summary.from_dict({"records": 96, "speedup": 1.0, "improved": False, "speedup_of_records": 0.83,
               "latency_untuned_ms": 3.48, "latency_tuned_ms": 3.48, "tasks_left_at_default": ["reshape"],
-              "tasks_default_won": ["fused_conv2d_add_relu"]}
+              "tasks_default_won": ["fused_conv2d_add_relu"]})
     phase, reason, message = next_phase(MERGING, Observed([shard(0, "done", 4)], summary=slower, **done), 1)
     assert (phase, reason) == (SUCCEEDED, "Merged")
     assert "not faster than untuned" in message and "0.83x" in message and "try a larger trials.total" in message
@@ -110,15 +111,16 @@ def test_a_result_not_faster_than_untuned_says_so() -> None:
     c = improved_condition([], slower, 3)
     assert (c[0]["type"], c[0]["status"], c[0]["reason"]) == ("Improved", "False", "NotFasterThanUntuned")
 
-    faster = {"records": 96, "speedup": 2.5, "improved": True, "speedup_of_records": 2.5, "tasks_left_at_default": []}
+    faster = Summary.from_dict({"records": 96, "speedup": 2.5, "improved": True, "speedup_of_records": 2.5,
+                                "tasks_left_at_default": []})
     assert next_phase(MERGING, Observed([shard(0, "done", 4)], summary=faster, **done), 1)[2] == \
         "96 trials merged; 2.5x faster than untuned"
     c = improved_condition(c, faster, 4)
     assert len(c) == 1 and (c[0]["status"], c[0]["reason"]) == ("True", "FasterThanUntuned")
     assert result_fields(faster)["improved"] is True and result_fields(faster)["tasksLeftAtDefault"] == []
     # A summary from a merge before the never-slower rule: its speed-up decides.
-    assert result_fields({"records": 4, "speedup": 0.9})["improved"] is False
-    assert "recordsSpeedup" not in result_fields({"records": 4, "speedup": 3.2})
+    assert result_fields(Summary.from_dict({"records": 4, "speedup": 0.9}))["improved"] is False
+    assert "recordsSpeedup" not in result_fields(Summary.from_dict({"records": 4, "speedup": 3.2}))
 
 
 def test_a_shards_measurement_windows_reach_its_status() -> None:

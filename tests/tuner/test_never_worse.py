@@ -10,11 +10,15 @@ so every reduction step forks and joins the thread pool.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 from rich.console import Console
+
+from sharetune.api.summary import Summary
+from sharetune.api.topology import SUMMARY_FILE
 
 from .conftest import example_job
 
@@ -71,7 +75,7 @@ def _cli_text(summary: dict[str, Any], tmp_path: Path) -> str:
     from sharetune_tuner.local_cli import _print_summary
 
     console = Console(record=True, width=250)
-    _print_summary(console, {**summary, "tuning_s": 1.0, "trials_per_s": 2.0}, tmp_path)
+    _print_summary(console, Summary.from_dict({**summary, "tuning_s": 1.0, "trials_per_s": 2.0}), tmp_path)
     return console.export_text()
 
 
@@ -81,8 +85,7 @@ def test_a_budget_too_small_to_win_delivers_the_untuned_model(tmp_path: Path) ->
 
     spec = _spec(tmp_path)
     _record_shard(spec, tmp_path / "shard-0", {SLOW_TASK: _slow})
-    s = merge_and_report(spec, [tmp_path / "shard-0"], tmp_path / "out")
-
+    s = asdict(merge_and_report(spec, [tmp_path / "shard-0"], tmp_path / "out"))
     by_name = {t["name"]: t for t in s["tasks"]}
     slow = by_name[SLOW_TASK]
     assert slow["winner"] == DEFAULT and slow["tuned_us"] > 2 * slow["default_us"], slow
@@ -108,8 +111,10 @@ def test_only_records_that_beat_their_default_are_kept(tmp_path: Path) -> None:
 
     spec = _spec(tmp_path)
     _record_shard(spec, tmp_path / "shard-0", {SLOW_TASK: _slow, FAST_TASK: _fast})
-    s = merge_and_report(spec, [tmp_path / "shard-0"], tmp_path / "out")
-
+    summary = merge_and_report(spec, [tmp_path / "shard-0"], tmp_path / "out")
+    # What the merge wrote reads back as exactly what it returned (the contract's one wire format).
+    assert Summary.read(tmp_path / "out" / SUMMARY_FILE) == summary and summary.version == 1
+    s = asdict(summary)
     by_name = {t["name"]: t for t in s["tasks"]}
     assert by_name[SLOW_TASK]["winner"] == DEFAULT
     fast = by_name[FAST_TASK]  # measured 34.2 ms default, 3.6 ms vectorised on the 2-core machine

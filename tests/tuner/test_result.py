@@ -12,11 +12,13 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sharetune.api.summary import Summary
 from sharetune.api.topology import RECORDS_FILE, RESULT_OBJECT, SUMMARY_FILE, s3_job_prefix
 
 from .test_never_worse import FAST_TASK, _fast, _record_shard, _spec
@@ -35,7 +37,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("result")
     spec = _spec(tmp)
     _record_shard(spec, tmp / "run" / "shards" / "shard-0", {FAST_TASK: _fast})
-    s = merge_and_report(spec, [tmp / "run" / "shards" / "shard-0"], tmp / "run" / "result")
+    s = asdict(merge_and_report(spec, [tmp / "run" / "shards" / "shard-0"], tmp / "run" / "result"))
     assert s["improved"] is True and s["best_records"] == 1, s
     return tmp / "run"
 
@@ -100,7 +102,7 @@ def test_result_from_s3(run_dir: Path, tmp_path: Path, s3_env: Any) -> None:
     # The status's location (.../result) and the job's store prefix both name it.
     for where in (f"s3://results/{prefix}/{RESULT_OBJECT}", f"s3://results/{prefix}"):
         f = fetch(where, tmp_path / "s3")
-        assert f.summary["improved"] is True and len(_best(tmp_path / "s3" / "database")) == 1
+        assert f.summary.improved is True and len(_best(tmp_path / "s3" / "database")) == 1
     with pytest.raises(Exception, match=r"no result at s3://results/runs/ns1/other/result.tar.gz"):
         fetch("s3://results/runs/ns1/other/result", tmp_path / "none")
 
@@ -121,7 +123,7 @@ def test_result_from_the_result_configmap_and_a_missing_job(run_dir: Path, tmp_p
     try:
         ConfigMapStore("default", "cmjob").put(RESULT_OBJECT, pack(run_dir / "result", ["best", SUMMARY_FILE]))
         f = fetch(configmap_uri("default", cm), tmp_path / "cm")  # what status.resultLocation says
-        assert f.summary["best_records"] == 1 and len(_best(tmp_path / "cm" / "database")) == 1
+        assert f.summary.best_records == 1 and len(_best(tmp_path / "cm" / "database")) == 1
         with pytest.raises(ResultError, match="no TuningJob 'nope' in namespace 'default'"):
             fetch("tj/nope", tmp_path / "none", "default")
     finally:
@@ -148,11 +150,11 @@ def test_the_status_fetch_command_is_one_the_cli_takes() -> None:
     from sharetune.cli import build_parser
     from sharetune.controller.status import result_fields
 
-    cmd = result_fields({"records": 4, "speedup": 2.0}, "team-a", "resnet")["fetchCommand"]
+    cmd = result_fields(Summary(records=4, speedup=2.0), "team-a", "resnet")["fetchCommand"]
     assert cmd == "sharetune result fetch tj/resnet -n team-a -o DIR"
     a = build_parser().parse_args(shlex.split(cmd)[1:])
     assert (a.result_cmd, a.where, a.namespace, str(a.out)) == ("fetch", "tj/resnet", "team-a", "DIR")
-    assert "fetchCommand" not in result_fields({"records": 4, "speedup": 2.0})
+    assert "fetchCommand" not in result_fields(Summary(records=4, speedup=2.0))
 
 
 def test_a_local_run_of_a_model_file_compiles_from_its_work_dir_alone(run_dir: Path, tmp_path: Path,

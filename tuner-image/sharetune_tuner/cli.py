@@ -362,11 +362,12 @@ def _merge(a: argparse.Namespace) -> int:
     summary = merge_and_report(spec, shard_dirs, a.out)
     if store is not None:
         store.put(RESULT_OBJECT, pack(a.out, ["records", "best", SUMMARY_FILE, "logs"]),
-                  extra={SUMMARY_FILE: json.dumps(summary)})
+                  extra={SUMMARY_FILE: summary.to_json()})
     if a.progress:
         sink = open_store(a.progress, a.result_configmap)
-        sink.put_text(RESULT_OBJECT, SUMMARY_FILE, json.dumps(summary))
-    print(json.dumps({k: summary[k] for k in ("records", "speedup", "latency_untuned_ms", "latency_tuned_ms")}))
+        sink.put_text(RESULT_OBJECT, SUMMARY_FILE, summary.to_json())
+    print(json.dumps({"records": summary.records, "speedup": summary.speedup,
+                      "latency_untuned_ms": summary.latency_untuned_ms, "latency_tuned_ms": summary.latency_tuned_ms}))
     return 0
 
 

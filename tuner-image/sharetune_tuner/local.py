@@ -8,7 +8,6 @@ Indexed Job's per-index retries, and resume from their records.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import secrets
 import shutil
@@ -27,6 +26,7 @@ from sharetune.api.exitcodes import NOT_RESTARTED_LOCALLY, ExitCode, passed_on
 from sharetune.api.gpuenv import NO_MULTICAST
 from sharetune.api.progress import Progress
 from sharetune.api.spec import API_GROUP, API_VERSION, KIND, TuningJobSpec
+from sharetune.api.summary import Summary
 from sharetune.api.topology import LOCAL_JOB_FILE, PROGRESS_FILE, SUMMARY_FILE, TENANT_ENV, gpu_groups, in_group
 from sharetune.procs import ProcessGroup, free_port
 
@@ -308,11 +308,14 @@ class LocalRun:
         tasks, plural = r.get("tasks_to_tune", k), "s" if k != 1 else ""
         print(f"clients.shards {self.spec.shards} > {tasks} tasks to tune: clamped to {k} shard{plural}", flush=True)
 
-    def merge(self) -> dict[str, Any]:
+    def merge(self) -> Summary:
         out = self.workdir / "result"
         p = self._spawn("merge", commands.merge(str(self.job_path), str(out),
                                                 shard_dirs=[str(self.shard_dir(i)) for i in range(self.client_shards)]))
         rc = p.wait()
         if rc != 0:
             raise RunFailed(f"merge failed (exit {rc}):\n{p.tail()}", rc)
-        return json.loads((out / SUMMARY_FILE).read_text())
+        summary = Summary.read(out / SUMMARY_FILE)
+        if summary is None:
+            raise RunFailed(f"the merge wrote no readable {out / SUMMARY_FILE}", rc)
+        return summary

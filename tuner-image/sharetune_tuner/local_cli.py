@@ -4,7 +4,6 @@ with live progress."""
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import time
 from pathlib import Path
@@ -14,6 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from sharetune.api.summary import Summary
 
 from .interrupts import interrupted, raise_stopped
 
@@ -89,47 +90,50 @@ def run(a: argparse.Namespace) -> int:
         return int(e.exit_code if isinstance(e, (TunerError, RunFailed)) else ExitCode.UNEXPECTED)
     finally:
         lr.stop_all()
-    summary["tuning_s"] = round(tune_s, 1)
-    summary["trials_per_s"] = round(summary["records"] / tune_s, 3)
+    summary.tuning_s = round(tune_s, 1)
+    summary.trials_per_s = round(summary.records / tune_s, 3)
     _print_summary(console, summary, workdir)
     if a.json:
-        a.json.write_text(json.dumps(summary, indent=2))
+        a.json.write_text(summary.to_json())
     return 0
 
 
-def _print_summary(console: Console, s: dict[str, Any], workdir: Path) -> None:
-    t = Table(title=f"{s['job']}: tasks (best of {s['records']} trials, each against TVM's default schedule)")
+def _print_summary(console: Console, s: Summary, workdir: Path) -> None:
+    t = Table(title=f"{s.job}: tasks (best of {s.records} trials, each against TVM's default schedule)")
     for col in ("task", "weight", "MFLOP", "trials", "best us", "default us", "tuned us", "kept"):
         t.add_column(col, justify="right" if col != "task" else "left")
+
+    def us_ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
 
     def us(v: Any) -> str:
         return "-" if v is None else f"{v:.1f}"
 
-    for task in s["tasks"]:
-        winner = task.get("winner")
+    for task in s.tasks:
         kept = {"tuned": "[green]tuned[/green]", "default": "[yellow]default[/yellow]"}.get(
-            winner or "", "not tuned" if task.get("budget") == 0 else "no records")
-        t.add_row(task["name"], str(task["weight"]), f"{task['flops'] / 1e6:.1f}", str(task["trials"]),
-                  us(task["best_latency_us"]), us(task.get("default_us")), us(task.get("tuned_us")), kept)
+            task.winner, "not tuned" if task.budget == 0 else "no records")
+        t.add_row(task.name, str(task.weight), f"{task.flops / 1e6:.1f}", str(task.trials),
+                  us(task.best_latency_us), us(task.default_us), us(task.tuned_us), kept)
     console.print(t)
-    rate = f"{s['records']} trials in {s['tuning_s']}s ({s['trials_per_s']} trials/s)"
-    if s.get("improved", s["speedup"] > 1):
-        console.print(f"end-to-end latency: untuned {s['latency_untuned_ms']:.3f} ms -> tuned "
-                      f"{s['latency_tuned_ms']:.3f} ms ([bold green]{s['speedup']:.2f}x[/bold green]); {rate}")
+    rate = f"{s.records} trials in {s.tuning_s}s ({s.trials_per_s} trials/s)"
+    untuned = us_ms(s.latency_untuned_ms)
+    if s.is_improved:
+        console.print(f"end-to-end latency: untuned {untuned} ms -> tuned "
+                      f"{us_ms(s.latency_tuned_ms)} ms ([bold green]{s.speedup or 0:.2f}x[/bold green]); {rate}")
     else:
-        records = s.get("latency_records_ms")
+        records = s.latency_records_ms
         measured = ("no tuned record beat its task's default" if records is None else
-                    f"the tuned records measured {records:.3f} ms ({s.get('speedup_of_records')}x)")
-        console.print(f"end-to-end latency: untuned {s['latency_untuned_ms']:.3f} ms; {measured}.\n"
+                    f"the tuned records measured {records:.3f} ms ({s.speedup_of_records}x)")
+        console.print(f"end-to-end latency: untuned {untuned} ms; {measured}.\n"
                       "[bold yellow]tuning did not beat TVM's defaults at this budget: the result keeps the default "
                       "schedules; try a larger trials.total[/bold yellow]; " + rate)
-    left = s.get("tasks_left_at_default") or []
+    left = s.tasks_left_at_default
     if left:
         console.print(f"left at TVM's defaults by the budget ({len(left)} light tasks): {', '.join(left)}")
-    won = s.get("tasks_default_won") or []
+    won = s.tasks_default_won
     if won:
         console.print(f"TVM's default schedule beat the best tuned record ({len(won)}): {', '.join(won)}")
-    by_pct = s.get("latency_ms_by_serving_pct")
+    by_pct = s.latency_ms_by_serving_pct
     if by_pct:
         console.print("tuned latency by MPS serving share: " + ", ".join(
             f"{k}% {'-' if v is None else f'{v:.3f} ms'}" for k, v in by_pct.items()))

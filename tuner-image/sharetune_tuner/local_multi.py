@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +37,14 @@ def load(paths: list[Path], root: Path) -> list[LocalJob]:
 
 
 def job_summary(job: LocalJob) -> dict[str, Any]:
-    s = dict(job.summary or {})
+    s = asdict(job.summary) if job.summary else {}
     wall = (job.finished or time.time()) - (job.started or time.time())
     s.update(job=job.spec.name, state=job.state, error=job.error, wall_s=round(wall, 1),
              gpu=None if job.placement is None else [f"{d.node}/{d.index}" for d in job.placement.devices],
              share=None if job.placement is None else job.placement.share,
              co_tenants={k: round(v[1] - v[0], 1) for k, v in job.co_tenants.items()})
     if job.summary and wall > 0:
-        s["trials_per_s"] = round(job.summary["records"] / wall, 3)
+        s["trials_per_s"] = round(job.summary.records / wall, 3)
     return s
 
 

@@ -18,11 +18,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from sharetune.admission import Gpu, GpuId, JobKey, Ledger, Placement, Policy, Request, request_of
 from sharetune.api import commands
 from sharetune.api.spec import TuningJobSpec
+from sharetune.api.summary import Summary
 from sharetune.api.topology import gpu_groups
 from sharetune.procs import ProcessGroup
 
@@ -61,7 +61,7 @@ class LocalJob:
     state: str = "queued"  # queued | running | done | failed
     placement: Placement | None = None
     run: LocalRun | None = None
-    summary: dict[str, Any] | None = None
+    summary: Summary | None = None
     error: str | None = None
     started: float | None = None
     finished: float | None = None

@@ -18,7 +18,6 @@ Output directory:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from sharetune.api.spec import TuningJobSpec, useful_minimum
+from sharetune.api.summary import UNTUNED, Summary, TaskSummary
 from sharetune.api.topology import SUMMARY_FILE
 
 from . import measure_window, records
@@ -216,7 +216,7 @@ def deliver(winners: int, untuned_s: float, tuned_s: float | None) -> bool:
     return winners > 0 and tuned_s is not None and faster(tuned_s, untuned_s)
 
 
-def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> dict[str, Any]:
+def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> Summary:
     from tvm.s_tir import meta_schedule as ms
 
     t0 = time.monotonic()
@@ -263,36 +263,30 @@ def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> 
     extracted = extract(model.mod, target)
     budget = budgets([t.info for t in extracted], spec.trials.total, spec.trials.per_task,
                      useful_minimum(spec.trials.per_task, spec.trials.per_iteration))
-    tasks: list[dict[str, Any]] = []
+    tasks: list[TaskSummary] = []
     for t in extracted:
         h = t.info.workload_hash
         v = verdicts.get(h)
-        tasks.append({"name": t.info.name, "workload_hash": h, "weight": t.info.weight, "flops": t.info.flops,
-                      "budget": budget[t.info.key], "trials": stats.trials_by_workload.get(h, 0),
-                      "best_latency_us": round(stats.best_by_workload[h] * 1e6, 3)
-                      if h in stats.best_by_workload else None,
-                      "default_us": v["default_us"] if v else None, "tuned_us": v["tuned_us"] if v else None,
-                      "winner": v["winner"] if v else NO_RECORDS})
-    tasks.sort(key=lambda t: -(t["flops"] * t["weight"]))
-    summary: dict[str, Any] = {
-        "job": spec.name, "model": model.name, "input_shape": list(model.input_shape),
-        "target": spec.target, "shards": len(shard_dirs),
-        "records": counts["records_out"], "failed_trials": stats.failed,
-        "workloads": counts["workloads"], "best_records": len(kept) if improved else 0,
-        "candidate_records": counts["best_records"],
-        # The delivered model: the tuned one when it is faster, else the untuned one (speedup 1.0).
-        "improved": improved, "delivered": TUNED if improved else "untuned",
-        "latency_untuned_ms": round(lat_untuned * 1e3, 4), "latency_tuned_ms": round(lat_delivered * 1e3, 4),
-        "speedup": round(lat_untuned / lat_delivered, 3) if improved else 1.0,
-        # What the kept records measured as a model, delivered or not (None: no record beat its default).
-        "latency_records_ms": round(lat_tuned * 1e3, 4) if lat_tuned is not None else None,
-        "speedup_of_records": round(lat_untuned / lat_tuned, 3) if lat_tuned is not None else None,
-        "max_relative_error": err,
-        "tasks": tasks,
-        "tasks_left_at_default": [t["name"] for t in tasks if t["budget"] == 0],
-        "tasks_default_won": [t["name"] for t in tasks if t["winner"] == DEFAULT],
-        "merge_s": round(time.monotonic() - t0, 2),
-    }
+        tasks.append(TaskSummary(
+            t.info.name, h, t.info.weight, t.info.flops, budget[t.info.key], stats.trials_by_workload.get(h, 0),
+            round(stats.best_by_workload[h] * 1e6, 3) if h in stats.best_by_workload else None,
+            v["default_us"] if v else None, v["tuned_us"] if v else None, v["winner"] if v else NO_RECORDS))
+    tasks.sort(key=lambda t: -(t.flops * t.weight))
+    summary = Summary(
+        job=spec.name, model=model.name, input_shape=list(model.input_shape), target=spec.target,
+        shards=len(shard_dirs), records=counts["records_out"], failed_trials=stats.failed,
+        workloads=counts["workloads"], best_records=len(kept) if improved else 0,
+        candidate_records=counts["best_records"],
+        improved=improved, delivered=TUNED if improved else UNTUNED,
+        latency_untuned_ms=round(lat_untuned * 1e3, 4), latency_tuned_ms=round(lat_delivered * 1e3, 4),
+        speedup=round(lat_untuned / lat_delivered, 3) if improved else 1.0,
+        latency_records_ms=round(lat_tuned * 1e3, 4) if lat_tuned is not None else None,
+        speedup_of_records=round(lat_untuned / lat_tuned, 3) if lat_tuned is not None else None,
+        max_relative_error=err, tasks=tasks,
+        tasks_left_at_default=[t.name for t in tasks if t.budget == 0],
+        tasks_default_won=[t.name for t in tasks if t.winner == DEFAULT],
+        merge_s=round(time.monotonic() - t0, 2))
+    from .serving import KEY as SERVING_KEY
     from .serving import measure_one  # the delivered model at each MPS serving share
     from .serving import report as serving_report
 
@@ -300,11 +294,13 @@ def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> 
         with alone.window():
             return measure_one(lib, inputs, pct)
 
-    summary.update(serving_report(spec.target, spec.uses_mps, delivered, [x, *[p.numpy() for p in model.params]],
-                                  out / "serving", measure=measure_alone))
-    summary["measurement"] = alone.summary()
-    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+    serving = serving_report(spec.target, spec.uses_mps, delivered, [x, *[p.numpy() for p in model.params]],
+                             out / "serving", measure=measure_alone)
+    summary.latency_ms_by_serving_pct = serving[SERVING_KEY]
+    summary.serving_report = serving["serving_report"]
+    summary.measurement = alone.summary()
+    summary.write(out / SUMMARY_FILE)
     log.info("merged %d records; %d of %d tuned tasks beat their defaults; untuned %.3f ms, tuned records %s ms: "
-             "delivered the %s model (%.2fx)", summary["records"], len(kept), len(verdicts),
-             summary["latency_untuned_ms"], summary["latency_records_ms"], summary["delivered"], summary["speedup"])
+             "delivered the %s model (%.2fx)", summary.records, len(kept), len(verdicts),
+             summary.latency_untuned_ms, summary.latency_records_ms, summary.delivered, summary.speedup)
     return summary

@@ -45,6 +45,7 @@ from sharetune.api.spec import (
     load_job,
     parse_spec,
 )
+from sharetune.api.summary import Summary
 from sharetune.api.topology import (
     LOCAL_JOB_FILE,
     MODEL_FILE,
@@ -70,7 +71,7 @@ class ResultError(TunerError):
 
 @dataclass(frozen=True)
 class Fetched:
-    summary: dict[str, Any]
+    summary: Summary
     spec: TuningJobSpec | None  # known when WHERE was the TuningJob itself
     namespace: str | None = None
 
@@ -192,8 +193,10 @@ def fetch(where: str, out: Path, namespace: str | None = None) -> Fetched:
             if _merge_output(Path(tmp)) is None:
                 raise ResultError(f"{where} holds no merge result ({SUMMARY_FILE} and best records)")
             _place(Path(tmp), out)
-    summary = json.loads((out / SUMMARY_FILE).read_text())
-    if spec is not None and ns is not None and summary.get("model") and spec.model.onnx is not None \
+    summary = Summary.read(out / SUMMARY_FILE)
+    if summary is None:
+        raise ResultError(f"{where}: its {SUMMARY_FILE} is not a result summary")
+    if spec is not None and ns is not None and summary.model and spec.model.onnx is not None \
             and spec.model.onnx.config_map:
         _fetch_model(core, ns, spec.model.onnx, out)
     return Fetched(summary, spec, ns)
@@ -236,7 +239,7 @@ def _model_spec(fetched: Fetched, out: Path, model_path: Path | None) -> ModelSp
     from .zoo import ZOO
 
     s = fetched.summary
-    shape = tuple(int(d) for d in s["input_shape"])
+    shape = tuple(s.input_shape)
     if model_path is not None:
         return ModelSpec(onnx=OnnxSource(path=str(model_path)), input_shape=shape)
     if (out / ONNX_COPY).is_file():
@@ -244,9 +247,9 @@ def _model_spec(fetched: Fetched, out: Path, model_path: Path | None) -> ModelSp
     spec = fetched.spec
     if spec is not None and (spec.model.name or (spec.model.onnx and (spec.model.onnx.url or spec.model.onnx.path))):
         return ModelSpec(name=spec.model.name, onnx=spec.model.onnx, input_shape=shape)
-    if s.get("model") in ZOO:
-        return ModelSpec(name=s["model"], input_shape=shape)
-    raise ResultError(f"the result's model {s.get('model')!r} is an ONNX file this result does not carry: "
+    if s.model in ZOO:
+        return ModelSpec(name=s.model, input_shape=shape)
+    raise ResultError(f"the result's model {s.model!r} is an ONNX file this result does not carry: "
                       "give it with --model PATH.onnx")
 
 
@@ -262,7 +265,7 @@ def compile_result(fetched: Fetched, out: Path, model_path: Path | None = None) 
 
     s = fetched.summary
     model = load_for_spec(_model_spec(fetched, out, model_path))
-    target = make_target(s["target"], fetched.spec.builder_workers if fetched.spec else None)
+    target = make_target(s.target, fetched.spec.builder_workers if fetched.spec else None)
     with model_errors(f"TVM cannot compile {model.name}"):
         executable = compile_with(out / DATABASE, model, target)
     executable.export_library(str(out / LIBRARY))
@@ -273,11 +276,11 @@ def compile_result(fetched: Fetched, out: Path, model_path: Path | None = None) 
     info = {
         "library": LIBRARY, "params": PARAMS, "param_names": names, "entry": "main",
         "inputs": [{"name": model.input_name, "shape": list(model.input_shape), "dtype": "float32"}],
-        "target": s["target"], "tvm_target": str(target), "model": model.name, "job": s.get("job"),
+        "target": s.target, "tvm_target": str(target), "model": model.name, "job": s.job,
         "database": DATABASE, "records_applied": _lines(out / DATABASE / RECORDS_FILE),
-        "delivered": s.get("delivered"), "improved": s.get("improved"),
-        "latency_untuned_ms": s.get("latency_untuned_ms"), "latency_tuned_ms": s.get("latency_tuned_ms"),
-        "speedup": s.get("speedup"),
+        "delivered": s.delivered, "improved": s.is_improved,
+        "latency_untuned_ms": s.latency_untuned_ms, "latency_tuned_ms": s.latency_tuned_ms,
+        "speedup": s.speedup,
     }
     (out / MODEL_JSON).write_text(json.dumps(info, indent=2))
     return info

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.spec import TuningJobSpec
+from ..api.summary import Summary
 from ..api.topology import PROGRESS_FILE, SUMMARY_FILE, ChildNames
 from ..planner import JobRef, daemon_names, published_gpu
 from .context import Context
@@ -126,7 +126,7 @@ def observe(ctx: Context, job: JobRef, s: TuningJobSpec, snap: Snapshot) -> Obse
     if obs.merge_succeeded:
         cm = snap.configmaps.get((ns, n.result(s)))
         text = (cm.data or {}).get(SUMMARY_FILE) if cm else None
-        obs.summary = json.loads(text) if text else None
+        obs.summary = Summary.from_json(text)
     for g, daemon_name, _ in daemon_names(job.name, s) if s.uses_mps else []:
         pod = snap.daemons.get((ns, daemon_name))
         view = obs.daemons.setdefault(str(g or 0), DaemonView())

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.progress import Progress
+from ..api.summary import Summary
 
 PENDING, RUNNING, MERGING, SUCCEEDED, FAILED = "Pending", "Running", "Merging", "Succeeded", "Failed"
 FINAL = (SUCCEEDED, FAILED)
@@ -83,7 +84,7 @@ class Observed:
     merge_succeeded: bool = False
     merge_failed: bool = False
     merge_message: str = ""
-    summary: dict[str, Any] | None = None
+    summary: Summary | None = None
     daemon_unschedulable: str | None = None  # the scheduler's message
     unschedulable: str | None = None  # "<component>: <scheduler's message>" of another pod of the job
     secret_problem: str | None = None  # the S3 credentials Secret is missing or lacks a key
@@ -173,19 +174,11 @@ def progress_fields(obs: Observed, started: str | None) -> dict[str, Any]:
     return fields
 
 
-def improved(summary: dict[str, Any]) -> bool:
-    """The delivered model is faster than the untuned one (summaries of merges before the
-    never-slower rule carry no ``improved``: their speed-up says it)."""
-    if "improved" in summary:
-        return bool(summary["improved"])
-    return float(summary.get("speedup") or 0) > 1
-
-
-def result_message(summary: dict[str, Any]) -> str:
+def result_message(summary: Summary) -> str:
     """What the result is worth, plainly: a speed-up, or that tuning did not beat the defaults."""
-    if improved(summary):
-        return f"{summary.get('speedup')}x faster than untuned"
-    measured = summary.get("speedup_of_records")
+    if summary.is_improved:
+        return f"{summary.speedup}x faster than untuned"
+    measured = summary.speedup_of_records
     return ("not faster than untuned: tuning did not beat TVM's default schedules at this budget"
             + (f" (the tuned records measured {measured}x)" if measured is not None else "")
             + "; the result keeps the default schedules; try a larger trials.total")
@@ -197,27 +190,26 @@ def fetch_command(namespace: str, name: str) -> str:
     return f"sharetune result fetch tj/{name} -n {namespace} -o DIR"
 
 
-def result_fields(summary: dict[str, Any], namespace: str | None = None, name: str | None = None) -> dict[str, Any]:
+def result_fields(summary: Summary, namespace: str | None = None, name: str | None = None) -> dict[str, Any]:
     """The merge summary's figures in the job's status: the delivered model's latency and
     speed-up (1.0 when tuning did not beat the defaults), which tasks kept their defaults, and
     (given the job's namespace and name) the command that fetches the result."""
-    out: dict[str, Any] = {"bestSpeedup": summary.get("speedup"), "untunedLatencyMs": summary.get("latency_untuned_ms"),
-                           "tunedLatencyMs": summary.get("latency_tuned_ms"), "trialsCompleted": summary.get("records"),
-                           "improved": improved(summary)}
+    out: dict[str, Any] = {"bestSpeedup": summary.speedup, "untunedLatencyMs": summary.latency_untuned_ms,
+                           "tunedLatencyMs": summary.latency_tuned_ms, "trialsCompleted": summary.records,
+                           "improved": summary.is_improved}
     if namespace and name:
         out["fetchCommand"] = fetch_command(namespace, name)
-    if summary.get("speedup_of_records") is not None:
-        out["recordsSpeedup"] = summary["speedup_of_records"]
-    for key, field_ in (("tasks_left_at_default", "tasksLeftAtDefault"), ("tasks_default_won", "tasksDefaultWon")):
-        if summary.get(key) is not None:
-            out[field_] = [str(t) for t in summary[key]]
+    if summary.speedup_of_records is not None:
+        out["recordsSpeedup"] = summary.speedup_of_records
+    out["tasksLeftAtDefault"] = list(summary.tasks_left_at_default)
+    out["tasksDefaultWon"] = list(summary.tasks_default_won)
     return out
 
 
-def improved_condition(conditions: list[dict[str, Any]], summary: dict[str, Any],
+def improved_condition(conditions: list[dict[str, Any]], summary: Summary,
                        generation: int | None) -> list[dict[str, Any]]:
     """The ``Improved`` condition: True when the result is faster than the untuned model."""
-    if improved(summary):
+    if summary.is_improved:
         return condition(conditions, "Improved", "True", "FasterThanUntuned", result_message(summary), generation)
     return condition(conditions, "Improved", "False", "NotFasterThanUntuned", result_message(summary), generation)
 
@@ -242,7 +234,7 @@ def next_phase(current: str | None, obs: Observed, shards: int) -> tuple[str, st
     if obs.merge_succeeded:
         if obs.summary is None:
             return FAILED, "ResultMissing", "the merge job succeeded but its summary is not in the output store"
-        return SUCCEEDED, "Merged", f"{obs.summary.get('records')} trials merged; {result_message(obs.summary)}"
+        return SUCCEEDED, "Merged", f"{obs.summary.records} trials merged; {result_message(obs.summary)}"
     if obs.clients_succeeded >= shards:
         return MERGING, "ShardsDone", f"all {shards} shards done; merging"
     if obs.daemon_unschedulable:
