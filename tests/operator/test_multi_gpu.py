@@ -87,7 +87,11 @@ def test_servers_spread_over_gpus_follow_their_daemons(two_gpu_nodes) -> None:
                  .spec.replicas == 3 and {e.name: e.value for e in d.spec.template.spec.containers[0].env}[
                      "NVIDIA_VISIBLE_DEVICES"] == "GPU-00000009-bbbb", timeout_s=60)
         assert template(0) == before0  # GPU 0's servers were left alone
-        job = client.CustomObjectsApi(k8s).get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "mg")
+        # the status is patched after the Deployment, in the same tick
+        crs = client.CustomObjectsApi(k8s)
+        job = wait_for("the pins in the status", lambda: (j := crs.get_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, "mg"))["status"].get("serversGpuByGroup", {}).get("1") == "GPU-00000009-bbbb"
+            and j, timeout_s=30)
         assert job["status"]["mpsRecoveries"] == 1
         assert job["status"]["mpsDaemonRestartsByGpu"] == {"1": 0}
         assert job["status"]["serversGpuByGroup"] == {"0": "GPU-00000000-aaaa", "1": "GPU-00000009-bbbb"}

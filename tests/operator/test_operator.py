@@ -152,7 +152,8 @@ def test_gpu_job_places_servers_with_the_mps_daemon(k8s, operator, ns) -> None:
     servers = wait_for("3 servers scheduled", lambda: (ps := [p for p in core.list_namespaced_pod(
         ns, label_selector="sharetune.io/job=gpu,app.kubernetes.io/component=server").items
         if p.spec.node_name]) and len(ps) == 3 and ps)
-    assert get_job(k8s, ns, "gpu")["status"]["serversGpuByGroup"] == {"0": uuid}
+    wait_for("the pin in the status", lambda: get_job(k8s, ns, "gpu")["status"].get("serversGpuByGroup")
+             == {"0": uuid})
     for p in servers:
         assert p.spec.node_name == daemon.spec.node_name  # followed the daemon
         sc = p.spec.containers[0]
