@@ -3,6 +3,7 @@ deletion, restarts, and a real tuning run with the test acting as the pods' kube
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -274,6 +275,13 @@ def test_a_real_tuning_run_through_the_operator(k8s, cluster, operator, ns, tmp_
             string_data={"AWS_ACCESS_KEY_ID": "sharetune", "AWS_SECRET_ACCESS_KEY": "not-a-real-secret"}))
         spec["output"] = {"s3": {"endpoint": s3.endpoint, "bucket": "tuning", "prefix": "runs",
                                  "credentialsSecret": {"name": "s3-creds"}}}
+        # The bucket exists before the job, as a user's does: a client that reads its shard's
+        # object before any write would otherwise meet a missing bucket (a clear error, by design).
+        import boto3
+
+        with contextlib.suppress(Exception):  # made by an earlier run of this test
+            boto3.client("s3", endpoint_url=s3.endpoint, region_name="us-east-1", aws_access_key_id="sharetune",
+                         aws_secret_access_key="not-a-real-secret").create_bucket(Bucket="tuning")
         # What the kubelet would inject from the Secret and the pod's env.
         env.update(AWS_ACCESS_KEY_ID="sharetune", AWS_SECRET_ACCESS_KEY="not-a-real-secret",
                    AWS_DEFAULT_REGION="us-east-1", SHARETUNE_S3_ENDPOINT=s3.endpoint)
