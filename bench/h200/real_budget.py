@@ -697,15 +697,32 @@ def time_to_reach(curve: list[tuple[float, float]], target_ms: float, tol: float
     return None
 
 
+def late_trials_per_s(cell: dict[str, Any]) -> float | None:
+    """Trials per second in the window's second half: the rate once every arm has started up. A
+    short window weighs each arm's start-up (stock: extracting, then a population-512 search on a
+    cold model before its first build) into ``trials_per_s``; at budgets of hours the late rate is
+    what a user gets. Counted as ``trials`` is: candidates measured for the stock arms, committed
+    records for sharetune."""
+    times = cell.get("measured_times")
+    if times is None:
+        times = [t for ts in (cell.get("record_times") or {}).values() for t in ts]
+    w = float(cell["window_s"])
+    late = sum(1 for t in times if w / 2 < t <= w)
+    return round(late / (w / 2), 4) if w > 0 else None
+
+
 def compare(base: dict[str, Any], st: dict[str, Any], tol: float = TTQ_TOLERANCE) -> dict[str, Any]:
     """One (network, seed) comparison of sharetune against one baseline arm. Each side:
-    {"trials_per_s", "curve": [(t, ms), ...] from step_curve, "window_s"}."""
+    {"trials_per_s", "late_trials_per_s" (optional), "curve": [(t, ms), ...] from step_curve,
+    "window_s"}."""
     b_final, s_final = base["curve"][-1][1], st["curve"][-1][1]
     t_b = time_to_reach(base["curve"], b_final, tol)  # when the baseline reached its final latency
     t_s = time_to_reach(st["curve"], b_final, tol)  # when sharetune reached it
     out: dict[str, Any] = {
         "throughput_ratio": (round(st["trials_per_s"] / base["trials_per_s"], 3)
                              if st.get("trials_per_s") and base.get("trials_per_s") else None),
+        "late_throughput_ratio": (round(st["late_trials_per_s"] / base["late_trials_per_s"], 3)
+                                  if st.get("late_trials_per_s") and base.get("late_trials_per_s") else None),
         "latency_ratio": round(s_final / b_final, 4),
         "baseline_final_ms": b_final, "sharetune_final_ms": s_final,
         "baseline_time_to_final_s": t_b, "sharetune_time_to_baseline_final_s": t_s,
@@ -730,7 +747,7 @@ def gmean(xs: list[float]) -> float | None:
 
 
 # metric -> which value is the worst run (the lower throughput / speed-up, the higher latency ratio)
-WORST = {"throughput_ratio": min, "time_to_quality_ratio": min, "latency_ratio": max}
+WORST = {"throughput_ratio": min, "late_throughput_ratio": min, "time_to_quality_ratio": min, "latency_ratio": max}
 
 
 def aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
@@ -766,7 +783,8 @@ def summarize_cells(arm_cells: dict[str, dict[str, Any]], eval_cells: dict[str, 
             if cell is None:
                 continue
             curve = step_curve(v["curve"], ev["untuned_ms"])
-            sides[arm] = {"trials_per_s": cell.get("trials_per_s"), "curve": curve, "window_s": cell["window_s"],
+            sides[arm] = {"trials_per_s": cell.get("trials_per_s"), "late_trials_per_s": late_trials_per_s(cell),
+                          "curve": curve, "window_s": cell["window_s"],
                           "machine": cell.get("machine"), "trials": cell.get("trials"),
                           "stopped_at_window": cell.get("stopped_at_window"),
                           "cpu_util_mean": cell.get("cpu_util_mean"), "gpu_util_mean": cell.get("gpu_util_mean"),
@@ -780,7 +798,8 @@ def summarize_cells(arm_cells: dict[str, dict[str, Any]], eval_cells: dict[str, 
         for arm, s in sides.items():
             final = s["curve"][-1][1]
             sp = round(ev["untuned_ms"] / final, 3) if final else None
-            run["arms"][arm] = {"trials": s["trials"], "trials_per_s": s["trials_per_s"], "final_ms": final,
+            run["arms"][arm] = {"trials": s["trials"], "trials_per_s": s["trials_per_s"],
+                                "late_trials_per_s": s["late_trials_per_s"], "final_ms": final,
                                 "speedup_vs_untuned": sp, "cpu_util_mean": s["cpu_util_mean"],
                                 "gpu_util_mean": s["gpu_util_mean"], "stopped_at_window": s["stopped_at_window"],
                                 "machine": s["machine"], "curve": s["curve"],
@@ -815,9 +834,12 @@ def summarize_cells(arm_cells: dict[str, dict[str, Any]], eval_cells: dict[str, 
 HEADLINE = ("resnet50", "mobilenet_v2")
 GOALS: tuple[tuple[str, str | None, str, str, float], ...] = (
     ("throughput_vs_stock", "stock", "throughput_ratio", ">=", 6.0),
+    # the same bound on the rate after start-up (late_trials_per_s): what budgets of hours get
+    ("late_throughput_vs_stock", "stock", "late_throughput_ratio", ">=", 6.0),
     ("time_to_quality_vs_stock", "stock", "time_to_quality_ratio", ">=", 5.0),
     ("final_latency_vs_stock", "stock", "latency_ratio", "<=", 0.95),
     ("throughput_vs_stock_tuned", "stock-tuned", "throughput_ratio", ">=", 2.0),
+    ("late_throughput_vs_stock_tuned", "stock-tuned", "late_throughput_ratio", ">=", 2.0),
     ("time_to_quality_vs_stock_tuned", "stock-tuned", "time_to_quality_ratio", ">=", 2.0),
     ("tuned_vs_untuned", None, "speedup_vs_untuned", ">=", 1.3),
 )

@@ -81,21 +81,35 @@ def test_summarize_cells_pairs_arms_of_one_network_and_seed() -> None:
 
 
 def test_goals_are_judged_per_network_and_only_over_every_headline_network() -> None:
-    agg = {"throughput_ratio": {"geomean": 7.0, "worst": 6.5}, "time_to_quality_ratio": {"geomean": None},
+    agg = {"throughput_ratio": {"geomean": 7.0, "worst": 6.5}, "late_throughput_ratio": {"geomean": 4.0},
+           "time_to_quality_ratio": {"geomean": None},
            "latency_ratio": {"geomean": 0.9, "worst": 0.97}}
     tuned = {"throughput_ratio": {"geomean": 1.5, "worst": 1.4}, "time_to_quality_ratio": {"geomean": 2.5},
              "latency_ratio": {"geomean": 1.0}}
     nets = {"resnet50": {"vs": {"stock": agg, "stock-tuned": tuned},
                          "speedup_vs_untuned": {"sharetune": {"geomean": 2.0, "worst": 1.9}}}}
     g = rb.goals(nets, headline=("resnet50",))
-    assert g["goals_met"] == {"throughput_vs_stock": True, "time_to_quality_vs_stock": None,
-                              "final_latency_vs_stock": True, "throughput_vs_stock_tuned": False,
+    assert g["goals_met"] == {"throughput_vs_stock": True, "late_throughput_vs_stock": False,
+                              "time_to_quality_vs_stock": None, "final_latency_vs_stock": True,
+                              "throughput_vs_stock_tuned": False, "late_throughput_vs_stock_tuned": None,
                               "time_to_quality_vs_stock_tuned": True, "tuned_vs_untuned": True}
     assert g["goal_values"]["resnet50"]["final_latency_vs_stock"] == {"geomean": 0.9, "worst": 0.97, "goal": "<= 0.95"}
     # a headline network that was not run leaves every goal unjudged, whatever the others say
     both = rb.goals(nets, headline=("resnet50", "mobilenet_v2"))
     assert set(both["goals_met"].values()) == {None}
     assert both["goals_met_by_network"]["resnet50"]["throughput_vs_stock"] is True
+
+
+def test_the_late_rate_counts_only_the_window_second_half_after_start_up() -> None:
+    # stock: a slow start (first measurement at 70 s), then 1 trial/s; sharetune: 4/s from 40 s
+    stock = {"window_s": 180, "measured_times": [70.5 + i for i in range(110)], "record_times": {"db": [179.0]}}
+    shard = [40.0 + i / 4 for i in range(561)]
+    st = {"window_s": 180, "record_times": {"shards/shard-0": shard[::2], "shards/shard-1": shard[1::2]}}
+    assert rb.late_trials_per_s(stock) == 1.0  # measured, not committed, as its trials are counted
+    assert rb.late_trials_per_s(st) == 4.0
+    c = rb.compare({**side([(180, 9.0)], tps=80 / 180, window=180), "late_trials_per_s": 1.0},
+                   {**side([(180, 5.0)], tps=560 / 180, window=180), "late_trials_per_s": 4.0})
+    assert (c["throughput_ratio"], c["late_throughput_ratio"]) == (7.0, 4.0)
 
 
 STOCK_LOG = """2026-12-06 04:30:56 [INFO] [task_scheduler.cc:208] Sending 63 sample(s) to builder
