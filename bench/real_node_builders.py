@@ -1,4 +1,4 @@
-"""Build-pool scaling on a real node (issue 17, point 3): the same CPU TuningJob (the example's
+"""Build-pool scaling on a real node: the same CPU TuningJob (the example's
 tiny CNN, target llvm) run to Succeeded on real pods with ``spec.builders`` absent (each client
 builds in its own pod: the reference arm) and with 1, 2, 4 builder pods of a fixed CPU limit each,
 so that the pool's capacity is what grows from arm to arm.

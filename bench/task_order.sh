@@ -1,5 +1,5 @@
 #!/bin/bash
-# CPU A/B (issue 21): a shard's tasks tuned one after the other (the client before ea3c37c) vs
+# CPU A/B: a shard's tasks tuned one after the other (the client before ea3c37c) vs
 # together (round-robin, capped_search.py), whole ResNet-18 on llvm, the real-budget harness's
 # sharetune arm with a budget no arm exhausts (20,000, no per-task cap), equal windows back to
 # back on this machine, then each arm's whole-model latency at checkpoints (real_budget.py

@@ -1,9 +1,10 @@
-"""Per-candidate build cost on CUDA, before and after (issue 17): real tuning candidates of
-ResNet-18/ResNet-50 conv and dense tasks, each built the way a builder worker builds it (lowering,
-codegen, NVRTC, linking the .so), in one long-lived process per NVRTC mode (the PCH heap is per
-process, as in our builder workers). Per candidate: CPU-seconds (process + children: the .so link
-runs g++), NVRTC seconds, and a hash of the cubin, so a mode that changes the generated code shows
-up; candidates whose cubin differs from stock's are then timed on the GPU both ways.
+"""Per-candidate build cost on CUDA, stock NVRTC against the build path sharetune ships: real
+tuning candidates of ResNet-18/ResNet-50 conv and dense tasks, each built the way a builder worker
+builds it (lowering, codegen, NVRTC, linking the .so), in one long-lived process per NVRTC mode (the
+PCH heap is per process, as in our builder workers). Per candidate: CPU-seconds (process +
+children: the .so link runs g++), NVRTC seconds, and a hash of the cubin, so a mode that changes
+the generated code shows up; candidates whose cubin differs from stock's are then timed on the GPU
+both ways.
 
   python bench/h200/build_cost.py [--models resnet18,resnet50] [--per-task 8] [--modes stock,pch,...]
 

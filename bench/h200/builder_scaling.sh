@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17.3 on the H200: the headline topology (ResNet-18, 6 heaviest tasks, 6 clients, 6 servers
+# Build-pool scaling on the H200: the headline topology (ResNet-18, 6 heaviest tasks, 6 clients, 6 servers
 # at 50% under MPS) with its builds in the clients vs in build services over TCP pinned to cores of
 # their own (as builder pods on CPU nodes would be). Resumable: tune_cell.py skips cells already in
 # h200-cells.jsonl. Arms of one round run back to back on one machine.
@@ -24,7 +24,7 @@ for c in "${plan[@]}"; do
     pods1-c8b4)                  cell "$c" --cores 0-7 --builder-pods 1 --builder-cores 8-11 ;;
     pods3-c4b12)                 cell "$c" --cores 0-3 --builder-pods 3 --builder-cores 4-15 ;;
     inclient-c16)                cell "$c" --builder-workers 6 ;;                  # the whole machine, r4 style
-    # issue 17.4: the headline cell (16 trials per task, one round per shard) with stock-sized
+    # cold search: the headline cell (16 trials per task, one round per shard) with stock-sized
     # evolutionary search vs the lite population while the cost model is cold; seeds 0 and 1
     evo-s[0-9]|lite-s[0-9]|short-s[0-9])
       search=${c%-s*}; seed=${c#*-s}; [ "$search" = evo ] && search=evolutionary

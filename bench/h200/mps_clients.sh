@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Samples, once a second, how many processes each MPS server of a local pool serves (the MPS
-# server takes at most 48; issue 16's first pool run hit that limit). Runs until killed; start
+# server takes at most 48; a pool of several jobs can reach that limit). Runs until killed; start
 # it in the background beside a pool run:  bash bench/h200/mps_clients.sh > clients.log &
 # The pool's pipe directory appears once the first job starts its daemon; until then a line
 # says "clients=" with nothing after it.

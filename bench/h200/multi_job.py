@@ -1,4 +1,4 @@
-"""Issue 16's benchmark: three different jobs on one GPU through one pool vs one after another.
+"""Multi-job benchmark: three different jobs on one GPU through one pool vs one after another.
 
 Three jobs (ResNet-18, MobileNet-V2, ResNet-50 by default), each with the headline cells' budget
 (96 trials, 16 per task, 16 candidates per round) and the same spec in both arms: a share of

@@ -1,11 +1,11 @@
-"""Issue 20 on the H200: the headline configuration's tuned latency against stock, both delivered
+"""Never-worse delivery on the H200: the headline configuration's tuned latency against stock, both delivered
 by the never-worse merge (``sharetune_tuner.merge.merge_and_report``: per task the faster of the
 best record and TVM's default schedule, and the whole model never slower than untuned).
 
 Run the two cells of one round first (back to back, same machine), e.g.
-  python3 bench/h200/tune_cell.py --id base-r18-r8 --mode baseline --round r8
+  python3 bench/h200/tune_cell.py --id base-r18-r8 --mode baseline --round=r8
   python3 bench/h200/tune_cell.py --id st-r18-m6n6p50-i16-r8 --mode sharetune --clients 6 --servers 6 \
-      --pct 50 --per-iter 16 --round r8
+      --pct 50 --per-iter 16 --round=r8
 then, on the same machine:
   python3 bench/h200/never_worse.py --stock base-r18-r8 --sharetune st-r18-m6n6p50-i16-r8
 Writes ``$OUT/h200-never-worse.jsonl`` (one line per round) and the cells via ``export_results``.

@@ -1,4 +1,4 @@
-"""Where NVRTC's front-end time goes for one real candidate (issue 17's profile): the candidate's
+"""Where NVRTC's front-end time goes for one real candidate: the candidate's
 source as TVM hands it to NVRTC, compiled with NVRTC's ``--time`` report under option/source
 variants, several times each in one process (the PCH heap is per process). Prints a table and
 writes ``$OUT/nvrtc-probe.json``.

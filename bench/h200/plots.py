@@ -3,8 +3,8 @@
   docs/h200-throughput.png       trials/s and end-to-end latency per configuration
   docs/h200-quality-over-time.png  best-so-far tuned-kernel latency over time; final model latency vs wall time
   docs/h200-quality-heatmap.png  the quality matrix: latency per run x serving share, and the per-P_t slowdowns
-  docs/h200-multi-job.png        issue 16: three jobs through one GPU pool vs one after another
-  docs/h200-search-quality.png   issue 17.4: the candidates each cold search proposes, per task
+  docs/h200-multi-job.png        three jobs through one GPU pool vs one after another
+  docs/h200-search-quality.png   the candidates each cold search proposes, per task
 
   python bench/h200/plots.py     (after summarize.py)
   python bench/h200/plots.py multi-job   (after multi_job.py summarize; that figure only)
@@ -41,7 +41,7 @@ def main() -> int:
 
     tuning = json.loads((RESULTS / "h200-tuning.json").read_text())
     qm = json.loads((RESULTS / "h200-quality-matrix.json").read_text())
-    # The figures of the first sweep (rounds r1-r2); round r3 has its own figure (_round_r3).
+    # The figures of the first sweep (the r1-r2 cells); the r3 cells have their own figure (_rounds).
     configs: list[dict[str, Any]] = tuning["by_round"]["r1-r2/resnet18"]["sweep"]
     base = tuning["by_round"]["r1-r2/resnet18"]["baseline"]
 
@@ -151,7 +151,7 @@ def main() -> int:
     fig.savefig(DOCS / "h200-quality-heatmap.png", dpi=110)
     plt.close(fig)
     _rounds(plt, tuning, ["r3/resnet18", "r3/resnet50"], "h200-r3.png",
-            "H200 round r3: 96 trials (6 tasks x 16); blue ResNet-18, orange ResNet-50; dashed: goal 5x")
+            "H200, r3 cells: 96 trials (6 tasks x 16); blue ResNet-18, orange ResNet-50; dashed: goal 5x")
     _rounds(plt, tuning, ["r4/resnet18", "r5/resnet18"], "h200-r4-r5.png",
             "H200 rounds r4 (blue) and r5 (orange, change not kept), ResNet-18, 96 trials; dashed: goal 5x")
     if (RESULTS / "h200-multi-job.json").exists():

@@ -622,7 +622,7 @@ def measure_plan(a: argparse.Namespace, root: Path, plan: dict[str, Any]) -> dic
 
 def compile_only(a: argparse.Namespace) -> int:
     """``compile``: phase 1 on this machine (a CPU one will do: NVRTC needs no GPU), packed for
-    ``evaluate`` on the GPU machine, so the device time an evaluation takes is its measuring only."""
+    ``evaluate`` on the GPU machine, so an evaluation's time on the GPU machine is its measuring only."""
     arms = _arms_of(a.network, a.seed)
     if not arms:
         log(f"compile: no arm of {a.network} seed {a.seed} in {ARMS_FILE}")

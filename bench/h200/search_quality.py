@@ -1,4 +1,4 @@
-"""Does a cheaper cold search propose candidates as fast as the evolutionary one? (issue 17.4)
+"""Does a cheaper cold search propose candidates as fast as the evolutionary one?
 
 While a client's cost model is cold (``client.first_round_search``) its search ranks by noise, so
 what matters is the *distribution* of the candidates each search proposes. Whole tuning cells give

@@ -1,4 +1,4 @@
-"""Issue 20 point 3 on the H200: the serving report measures every share for real.
+"""The serving report on the H200: it measures every share for real.
 
 Two arms, back to back, each under a job's MPS daemon started with the product's own command
 line (``sharetune.api.commands.mps_daemon``) for a job tuned at 25%:

@@ -47,10 +47,10 @@ def first_time_below(curve: list[tuple[float, float]], threshold: float) -> floa
     return None
 
 
-# Round r6's second device call got a fresh machine (the intrinsics cache took 29.9 s there against
-# 20.1 s on the first): these cells ran with round r7 on that machine, not with base-r18-r6. Their
-# throughput is compared with the other cells of that machine only (SHARED_BUILDER_AB); their
-# latency ratio stands (every r6 run, the baseline's included, was evaluated in one call there).
+# These -r6 cells ran on a second machine (the intrinsics cache took 29.9 s there against 20.1 s on
+# base-r18-r6's), together with the -r7 cells, not with base-r18-r6. Their throughput is compared
+# with the other cells of that machine only (SHARED_BUILDER_AB); their latency ratio stands (every r6
+# run, the baseline's included, was evaluated together on that machine).
 OTHER_MACHINE = {"st-r18-m6n6p50-i16-w6-r6", "st-r18-m6n6p50-i16-s1-r6", "st-r18-m6n6p50-i16-rep-r6"}
 
 
@@ -87,7 +87,7 @@ def group_rows(cells: dict[str, dict[str, Any]], ev: dict[str, Any], base: dict[
             "shared_builder": bool(c.get("shared_builder")),
         }
         if c["id"] in OTHER_MACHINE:
-            row["machine"] = "round r6's second machine (with round r7): no baseline there"
+            row["machine"] = "the r6 cells' second machine (with the r7 cells): no baseline there"
         if c.get("client_startup"):
             st = c["client_startup"]
             row["client_startup_s"] = {k: round(max(x.get(k, 0.0) for x in st), 2)
@@ -191,7 +191,7 @@ def across_rounds(by_round: dict[str, Any], model: str, key: tuple[int, int, int
 
 
 def shared_builder_ab(cells: dict[str, dict[str, Any]], ev: dict[str, Any]) -> dict[str, Any]:
-    """One machine (round r6's second call and round r7), the headline topology (6x6@50%, 16 per
+    """One machine (the r6 cells' second machine and the r7 cells), the headline topology (6x6@50%, 16 per
     round): the clients' builds in one build service of the 16 cores against 6 workers per client.
     No baseline ran there, so wall times and their ratio, not throughput ratios."""
     ids = sorted(OTHER_MACHINE | {i for i, c in cells.items() if c.get("round") == "r7"})
@@ -207,8 +207,8 @@ def shared_builder_ab(cells: dict[str, dict[str, Any]], ev: dict[str, Any]) -> d
                 "cpu_util_mean_pct": round(sum(c["cpu_util_mean"] for c in runs) / len(runs), 1)}
 
     shared, own = arm(True), arm(False)
-    return {"what": "6x6@50%, 16 per round, on one machine (round r6's second call + round r7): build service "
-                    "(16 workers for all clients) vs 6 builder workers per client",
+    return {"what": "6x6@50%, 16 per round, on one machine (the r6 cells' second machine + the r7 cells): "
+                    "build service (16 workers for all clients) vs 6 builder workers per client",
             "shared_build_service": shared, "own_pool_per_client": own,
             "wall_ratio_own_over_shared_gmean": round(own["wall_s_gmean"] / shared["wall_s_gmean"], 3)}
 
@@ -225,14 +225,14 @@ def goals_met(best: dict[str, Any]) -> dict[str, bool]:
 def main() -> int:
     cells, evals, prof = _cells("h200-cells.jsonl"), _cells("h200-eval.jsonl"), _cells("h200-profile.jsonl")
     ev = {e["run"]: e for e in evals.values() if "run" in e and "error" not in e}
-    # A round = one machine in one session; its baseline and cells are compared with each other only.
+    # A round = the cells run on one machine with their own baseline; they are compared with each other only.
     rounds: dict[tuple[Any, str], dict[str, dict[str, Any]]] = {}
     for c in cells.values():
         rounds.setdefault((c.get("round"), c["model"]), {})[c["id"]] = c
     by_round = {}
     for (rnd, model), group in rounds.items():
         base_cell = next((c for c in group.values() if c["mode"] == "baseline"), None)
-        if base_cell is None:  # round r7: the shared-builder A/B only (shared_builder_ab)
+        if base_cell is None:  # the r7 cells: the shared-builder A/B only (shared_builder_ab)
             continue
         rows = group_rows(group, ev, base_cell)
         best = best_of(rows)
@@ -275,13 +275,13 @@ def main() -> int:
                             "h200-eval.jsonl 'improving'",
         },
         "headline": ("'headline_config_across_rounds' is the claim: the best configuration over every round "
-                     "and seed of the kept code (r3, r4, r6; 'headline_config_rounds_r3_r4' is the previous "
-                     "session's claim, 'shared_builder_ab' the build-service comparison). "
+                     "and seed of the kept code (r3, r4, r6; 'headline_config_rounds_r3_r4' is the same over r3 "
+                     "and r4 only, 'shared_builder_ab' the build-service comparison). "
                      "Below it, the best single round: "
-                     "round r3 (2026-12-02, session 3): the tensor-intrinsics cache in every client, and 16 "
+                     "the r3 cells (2026-12-02): the tensor-intrinsics cache in every client, and 16 "
                      "candidates per round (= the baseline's batch per task, i.e. one search round per task) "
-                     "in the i16 cells; baseline re-run on the same machine in the same session. 'baseline', "
-                     "'best_sharetune', 'goals_met' are ResNet-18's round r3; every round and model is in "
+                     "in the i16 cells; baseline re-run on the same machine. 'baseline', "
+                     "'best_sharetune', 'goals_met' are ResNet-18's r3 cells; every round and model is in "
                      "'by_round' (ratios always against the baseline of the same round)"),
         "baseline": head["baseline"],
         "best_sharetune": best,
@@ -308,10 +308,10 @@ def main() -> int:
             "(geometric mean 1.056, eight runs), CPU 78-83%. The sharetune models end at 2.20-2.47 ms in every "
             "round; the baseline's model moved between 2.12 ms (r6), 2.17 ms (r4) and 2.43 ms (r3) with the same "
             "code and seed: at 16 trials per task, search luck decides single-run latency ratios.",
-            "Round r6 (2026-12-03, session 5): the clients' builds go to one build service of the host's 16 "
+            "The r6 cells (2026-12-03): the clients' builds go to one build service of the host's 16 "
             "cores (sharetune_tuner/build_service.py, local mode's default now) instead of 6 workers per client. "
             "On the baseline's machine: 56.8 s against 358.9 s (6.32x; the baseline had 21 of 96 trials fail, "
-            "stock LocalBuilder timeouts), CPU 81.5%. The rest of r6 and round r7 got a second machine (~1.5x "
+            "stock LocalBuilder timeouts), CPU 81.5%. The rest of r6 and all of r7 ran on a second machine (~1.5x "
             "slower: intrinsics cache 29.9 s vs 20.1 s) and no baseline there: build service 75.4, 81.5, 84.6, "
             "109.9 s against own pools 69.9, 99.8, 103.4 s (geometric means 86.9 vs 89.7 s, 3%; CPU 71.5% vs "
             "72.9%): not distinguishable at this noise. What makes the three slowest runs (one with the service, "
@@ -319,7 +319,7 @@ def main() -> int:
             "other shards of the run, i.e. slow candidate builds that neither pool shape shortens. "
             "On the 2-core CPU machine the "
             "service cut the quickstart's tuning from 48.8-50.2 s to 41.3-42.3 s (two A/B pairs).",
-            "Round r4 (2026-12-03): services wait for readiness instead of fixed sleeps (MPS daemon ready "
+            "The r4 cells (2026-12-03): services wait for readiness instead of fixed sleeps (MPS daemon ready "
             "marker, tracker listening), 0.25 s polls, and no cost-model training after a shard's last batch. "
             "Last record to topology exit went from 3.7 s (r3) to 0.4 s; 57.8 s and 61.7 s against a 297 s "
             "baseline (5.14x, 4.81x).",
@@ -327,16 +327,16 @@ def main() -> int:
             "96 trials failed (every trial of 4 of the 6 shards; logs not carried back, cause not isolated), "
             "model 1.41x slower. 6 per client (2 x cores / clients) never failed: that is now the default "
             "(sharetune_tuner/cpus.py).",
-            "Round r5 (not kept): clients started alongside the MPS daemon and tracker, servers in the "
-            "background once both were ready, and each client waited for the tracker only at its first "
+            "The r5 cells (a start-up change, not kept): clients started alongside the MPS daemon and tracker, "
+            "servers in the background once both were ready, and each client waited for the tracker only at its first "
             "measurement. The start-up idle disappeared (16 cores busy from 5.6 s, tracker wait 0 s), yet "
             "search and build phases took 35-60% longer and the runs 82.5 s and 75.0 s against a 323.5 s "
-            "baseline (3.92x, 4.31x; one run at 86% CPU). Cause not isolated in the device time left; the "
+            "baseline (3.92x, 4.31x; one run at 86% CPU). Cause not isolated; the "
             "change was reverted (on the 2-core CPU quickstart it had cut tuning from 45 s to 37 s).",
             "Client start-up was the largest fixed cost: every client parsed all of TVM's tensor intrinsics "
             "from TVMScript when MetaSchedule set up its first task (~20 s of one core each, six clients "
             "side by side: the machine sat at 6/16 cores for 21 s). Registering them from a serialised "
-            "cache (sharetune_tuner/intrinsics.py; built into the tuner image) takes 0.3-0.9 s: in round r3 "
+            "cache (sharetune_tuner/intrinsics.py; built into the tuner image) takes 0.3-0.9 s: in the r3 cells "
             "the slowest client's start-up before its first search (process start, model load, extraction, "
             "intrinsics, tracker wait) is under 8 s, and 6x12@100% went from 109 s (0.81 trials/s, r1-r2) to "
             "80 s (1.10 trials/s).",
@@ -375,20 +375,20 @@ def main() -> int:
         ],
         "not_done": [
             "Goals over every run of the headline configuration (r3, r4, r6): throughput >= 5 by geometric "
-            "mean (5.37) but not every run (min 4.81); latency <= 1.05 missed since round r6 (geometric mean "
+            "mean (5.37) but not every run (min 4.81); latency <= 1.05 missed once the r6 runs count (geometric mean "
             "1.056 over 8 runs; 1.006 over r3+r4); time-to-quality >= 4 only for the 2 runs whose model reached "
             "the baseline's quality (5.21, 5.48); CPU >= 85% missed (mean 80%): the tail of a run is one shard's "
             "slow candidate builds and its final measurement, with most cores idle.",
             "The build service's effect on the H200 is not established (one run on the baseline's machine, "
             "3-4 runs per arm on a second, noisier machine, 3% apart); slow single builds were not profiled "
             "(which candidates, whether NVRTC or LLVM).",
-            "Round r5's slowdown was not explained; round r4's 16-worker failures were not diagnosed (client "
-            "logs stayed on the device; from round r6 on the processes' logs are in h200-runs.tar.gz).",
-            "ResNet-50: one round-r3 configuration only (6x6 at 50%, 16 per round, seed 0) against its baseline; "
-            "no ResNet-50 quality matrix (device time).",
-            "Round r3 evaluated end-to-end latency at 100% without MPS only (the quality matrix is rounds r1-r2's); "
-            "st-r18-m6n6p50-i16-s1-r3 ran by hand (tune_cell.py + evaluate.py): its record databases were not "
-            "carried back (its evaluation ran on the device).",
+            "The r5 cells' slowdown was not explained; the r4 cells' 16-worker failures were not diagnosed "
+            "(their client logs were not kept; the -r6 and -r7 cells' process logs are in h200-runs.tar.gz).",
+            "ResNet-50: one r3 configuration only (6x6 at 50%, 16 per round, seed 0) against its baseline; "
+            "no ResNet-50 quality matrix (not run).",
+            "The r3 cells were evaluated for end-to-end latency at 100% without MPS only (the quality matrix is "
+            "the r1-r2 cells'); st-r18-m6n6p50-i16-s1-r3 ran by hand (tune_cell.py + evaluate.py): its record "
+            "databases were not carried back (its evaluation ran on the device).",
             "Topologies measured: M=N=6 at P in {10, 25, 50, 75, 100}, M=N=3 at 100, M=6/N=12 at 100; no "
             "M != N cells at shares below 100.",
             "st-r18-m6n6p10 and st-r18-m6n6p10-pop8 used the earlier builder (default_build with the "

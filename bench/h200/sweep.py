@@ -39,7 +39,7 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
                 "argv": ["tune_cell.py", "--id", cid, "--mode", "sharetune", *base, "--clients", str(clients),
                          "--servers", str(servers), "--pct", str(pct), *(extra or [])]}
 
-    # Round r3 measures end-to-end latency at 100% only (the quality matrix is the H200 rounds').
+    # The r3 cells' evaluation measures end-to-end latency at 100% only (the quality matrix is the r1-r2 cells').
     ev_r3 = {"id": "evaluate-r3", "file": None, "round": "r3", "est": 330,
              "argv": ["evaluate.py", "--model", model, "--serve", ""]}
     ev_r4 = {**ev_r3, "id": "evaluate-r4", "round": "r4"}
@@ -61,7 +61,7 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
         st(3, 3, 100, suffix="-v2"),
         st(6, 12, 100, suffix="-v2"),
         # (the evaluations of these rounds ran between them; all done)
-        # Round r3 (session 3, 2026-12-02, whichever GPU the device call got: cells record it): the
+        # r3 (ran 2026-12-02 on whichever GPU the machine had: the cells record it): the
         # tensor-intrinsics cache in every client (start-up), its own baseline on the same machine,
         # and candidates per round = 16, the baseline's batch per task (one search round per task).
         {"id": f"base-{m}-r3", "file": CELLS, "est": 390,
@@ -72,7 +72,7 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
         st(6, 6, 50, ["--round", "r3", "--per-iter", "16"], "-i16-r3"),
         st(6, 12, 100, ["--round", "r3", "--per-iter", "16", "--seed", "1"], "-i16-s1-r3"),
         dict(ev_r3),
-        # Round r4 (session 4): the headline topology with the start-up/tail fixes (services wait for
+        # r4: the headline topology with the start-up/tail fixes (services wait for
         # readiness instead of fixed sleeps, 0.25 s polls, no cost-model training after a shard's last
         # batch), first with r3's 6 builder workers per client, then with the product default (one per
         # core: a straggling shard can then use the cores the finished ones left), then seed 1.
@@ -82,7 +82,7 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
         st(6, 6, 50, ["--round", "r4", "--per-iter", "16"], "-i16-r4"),
         st(6, 6, 50, ["--round", "r4", "--per-iter", "16", "--builder-workers", "16", "--seed", "1"], "-i16-w16-s1-r4"),
         ev_r4,
-        # Round r5 (session 4): clients start at once, with the MPS daemon and the tracker; servers
+        # r5: clients start at once, with the MPS daemon and the tracker; servers
         # follow when both are ready; a client waits for the tracker only at its first measurement.
         # Measured slower than r4 and reverted (the change: bench/h200/README.md, from git history):
         # re-running these cells now measures the r4 code.
@@ -92,7 +92,7 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
         st(6, 6, 50, ["--round", "r5", "--per-iter", "16", "--seed", "1"], "-i16-s1-r5"),
         {**ev_r3, "id": "evaluate-r5", "round": "r5"},
         st(6, 6, 50, ["--round", "r5", "--per-iter", "16", "--builder-workers", "8"], "-i16-w8-r5"),
-        # Round r6 (session 5): the clients share one build service of the host's 16 cores
+        # r6: the clients share one build service of the host's 16 cores
         # (build_service.py, local mode's default now) against r4's 6 workers per client (-w6),
         # both against this round's own baseline; then seed 1.
         {"id": f"base-{m}-r6", "file": CELLS, "est": 330,
@@ -102,9 +102,9 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
         st(6, 6, 50, ["--round", "r6", "--per-iter", "16", "--seed", "1"], "-i16-s1-r6"),
         st(6, 6, 50, ["--round", "r6", "--per-iter", "16"], "-i16-rep-r6"),
         {**ev_r3, "id": "evaluate-r6", "round": "r6"},
-        # Round r7 (session 5): r6's cells ran on two machines (the second call got a fresh one,
-        # ~1.5x slower: intrinsics cache 29.9 s vs 20.1 s), so the shared-service vs own-pool A/B
-        # is repeated on one machine, two seeds each, interleaved. No baseline: the device time left.
+        # r7: r6's cells ran on two machines (the second ~1.5x slower: intrinsics cache 29.9 s vs
+        # 20.1 s), so the shared-service vs own-pool A/B is repeated on one machine, two seeds each,
+        # interleaved. No baseline cell (not run).
         st(6, 6, 50, ["--round", "r7", "--per-iter", "16"], "-i16-r7"),
         st(6, 6, 50, ["--round", "r7", "--per-iter", "16", "--builder-workers", "6"], "-i16-w6-r7"),
         st(6, 6, 50, ["--round", "r7", "--per-iter", "16", "--seed", "1"], "-i16-s1-r7"),
@@ -195,7 +195,7 @@ def main() -> int:
                 if p.is_file() and (p.name.startswith("database_") or p.name in ("progress.json", "client.json",
                                                                                  "job.yaml", "prepared.json")):
                     tar.add(p, arcname=str(p.relative_to(RUN_ROOT)))
-                # from round r6 on, the processes' logs too (a failed trial's reason is in them)
+                # the -r6 and -r7 cells: the processes' logs too (a failed trial's reason is in them)
                 elif p.suffix == ".log" and p.parent.name == "logs" and p.stat().st_size < 2_000_000 \
                         and any(p.parent.parent.name.endswith(r) for r in ("-r6", "-r7")):
                     tar.add(p, arcname=str(p.relative_to(RUN_ROOT)))

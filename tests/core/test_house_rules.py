@@ -41,3 +41,24 @@ def test_every_silenced_check_says_why() -> None:
                 if m and not re.match(r"\s*(#\s*\S|\(\S)", m.group("rest")):  # "# reason" or "(reason)"
                     bare.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not bare, "say why after the marker (`# type: ignore[code]  # reason`):\n" + "\n".join(bare[:40])
+
+
+def test_code_speaks_of_the_product_not_its_history() -> None:
+    """Comments, docstrings and strings state what the code or benchmark does: no tracker numbers,
+    work sessions, machine-time accounting or dated rounds of work (benchmark cell ids such as ``-r3``
+    are fine)."""
+    import re
+
+    # Built from pieces so that this file does not match its own pattern.
+    history = re.compile("|".join(("iss" + r"ue [0-9]+", "sess" + r"ion [0-9]+", "dev" + r"ice (time|minutes)",
+                                   "rou" + r"nd r[0-9]")), re.IGNORECASE)
+    hits = []
+    for top in CHECKED:
+        for path in sorted(p for ext in ("*.py", "*.sh") for p in (ROOT / top).rglob(ext)):
+            rel = path.relative_to(ROOT)
+            if {".venv", "site-packages", "__pycache__"} & set(rel.parts) or rel.parts[:2] == ("bench", "results"):
+                continue
+            for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if history.search(line):
+                    hits.append(f"{rel}:{n}: {line.strip()}")
+    assert not hits, "say what the code does, not when or why it came to be:\n" + "\n".join(hits[:40])

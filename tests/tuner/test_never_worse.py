@@ -1,4 +1,4 @@
-"""A tuning result is never slower than the model it was given (issue 20).
+"""A tuning result is never slower than the model it was given.
 
 The merge measures each task's best record against TVM's default schedule and the whole model
 against the untuned build, and keeps the faster. A budget too small to win is made deterministic

@@ -1,7 +1,7 @@
 """A builder pool that tuning clients send their candidates to: the host's cores (local mode) or
 the job's builder pods on CPU nodes (a cluster, ``spec.builders``).
 
-Why: on the H200 machine (round r4: 6 clients x 6 builder workers on 16 cores) a shard's builds
+Why: on the H200 machine (6 clients x 6 builder workers on 16 cores, the -r4 cells) a shard's builds
 took 15-27 s depending on its task, so the fastest shards were done ~10 s before the slowest,
 whose 6 workers then had the machine to themselves at ~25% CPU for the last ~15 s of a 58 s run
 (``bench/results/h200-cells.jsonl``, util_trace). A fixed per-client pool cannot take over the

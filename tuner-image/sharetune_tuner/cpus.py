@@ -2,7 +2,7 @@
 
 ``os.cpu_count()`` is the host's core count: in a pod with a CPU limit, or with several clients
 on one host (local mode), a pool that size oversubscribes the CPU many times over. Measured on
-the H200 machine (16 cores, 6 clients, bench/results/h200-cells.jsonl round r4): 16 workers per
+the H200 machine (16 cores, 6 clients, the -r4 cells of bench/results/h200-cells.jsonl): 16 workers per
 client failed 68 of 96 trials, 6 per client (2 x cores / clients) failed none in nine runs.
 """
 
