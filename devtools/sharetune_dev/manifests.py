@@ -52,13 +52,20 @@ def _spec(name: str, body: dict[str, Any]) -> Any:
     return parse_spec(name, body)
 
 
+# What a daemon publishes on a real node: the UUID of the GPU the device plugin gave it.
+PUBLISHED_GPU = "GPU-8e6a3f8c-0000-4000-8000-00000000c0de"
+
+
 def _job_objects(name: str, body: dict[str, Any], sharing: Any = None) -> list[dict[str, Any]]:
-    """A job's objects as the operator applies them: plan(), then the merge Job."""
-    from sharetune.planner import plan, plan_merge
+    """A job's objects as the operator applies them: plan(), the clients once a daemon has named
+    its GPU where the job's GPU is a daemon's, then the merge Job."""
+    from sharetune.planner import pins_gpu, plan, plan_clients, plan_merge
 
     job, spec = _job(name), _spec(name, body)
+    pinned = pins_gpu(spec, sharing)
     return [*plan(job, spec, sharing=sharing, daemon_priority_class=DAEMON_PRIORITY_CLASS),
-            plan_merge(job, spec, sharing=sharing)]
+            *([plan_clients(job, spec, gpu=PUBLISHED_GPU)] if pinned else []),
+            plan_merge(job, spec, sharing=sharing, gpu=PUBLISHED_GPU if pinned else None)]
 
 
 def chart() -> list[dict[str, Any]]:

@@ -16,7 +16,8 @@ Privileges, kept minimal and stated:
   daemon onto its node (pod affinity) and see exactly the daemon's GPU: the daemon reads its UUID
   through NVML and writes it on its own pod (``GPU_UUID_ANNOTATION``; its ServiceAccount may get
   and patch that pod only), and the servers run (replicas above 0) only once the operator has put
-  that UUID in their ``NVIDIA_VISIBLE_DEVICES`` (:func:`pin_servers_patch`). Never ``all``.
+  that UUID in their ``NVIDIA_VISIBLE_DEVICES`` (:func:`pin_servers_patch`). The clients' Job is
+  created only then, seeing that one GPU too (:func:`plan_clients`). Never ``all``.
 - Daemons run at the chart's daemon priority (``daemon_priority_class``, a PriorityClass the chart
   creates by default): a daemon that is preempted or evicted ends the CUDA context of every server
   under it, so it must not be among the first to go. A GPU pool's daemon, shared by several jobs,
@@ -326,7 +327,8 @@ def plan(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, sharing: 
     objs += _tracker(job, spec, image)
     objs += [_servers(job, spec, image, g, sharing) for g in gpu_groups(spec)]
     objs += _builders(job, spec, image)  # before the clients: their workers warm up meanwhile
-    objs.append(_clients(job, spec, image))
+    if not pins_gpu(spec, sharing):  # else once the daemon names its GPU: plan_clients
+        objs.append(_clients(job, spec, image))
     if spec.target != "cuda":
         _without_gpus(objs)
     return with_default_requests(objs, requests)
@@ -567,7 +569,16 @@ def _progress_uri(job: JobRef, spec: TuningJobSpec) -> str | None:
     return configmap_uri(job.namespace, job.name) if spec.output.s3 is not None else None
 
 
-def _clients(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
+def plan_clients(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE,
+                 requests: Mapping[str, Mapping[str, str]] | None = None, gpu: str | None = None) -> dict[str, Any]:
+    """The clients' Indexed Job of a job whose GPU is a daemon's (:func:`pins_gpu`), created once
+    the first GPU group's daemon has published ``gpu``: the one GPU its clients see. A client
+    reads that GPU's architecture through NVML and loads the CUDA driver library so that TVM emits
+    cubins; it creates no CUDA context. Other jobs' clients come with :func:`plan`."""
+    return with_default_requests([_clients(job, spec, spec.raw.get("image") or image, gpu)], requests)[0]
+
+
+def _clients(job: JobRef, spec: TuningJobSpec, image: str, gpu: str | None = None) -> dict[str, Any]:
     n = ChildNames(job.name)
     vol, mount = _job_spec_volume(job)
     args = commands.client(JOB_MANIFEST, f"{POD_WORK_DIR}/shard", _tracker_addr(job), tracker_key(job),
@@ -575,7 +586,8 @@ def _clients(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
                            store=store_uri(job, spec), progress=_progress_uri(job, spec), metrics_port=METRICS_PORT,
                            build_service=_builders_addr(job, spec))
     mvols, mmounts, menv = _model_volume(spec)
-    c = _container(spec, image, "client", args, env=_store_env(spec) + menv,
+    gpu_env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": gpu}] if gpu else []
+    c = _container(spec, image, "client", args, env=_store_env(spec) + menv + gpu_env,
                    resources=spec.raw.get("clients", {}).get("resources"),
                    mounts=[mount, {"name": "work", "mountPath": POD_WORK_DIR}, *mmounts], probe=False)
     pod = _pod_spec(spec, [c], volumes=[vol, {"name": "work", "emptyDir": {}}, *mvols],

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from sharetune.api.spec import parse_spec
-from sharetune.planner import JobRef, plan, plan_merge
+from sharetune.planner import JobRef, pins_gpu, plan, plan_clients, plan_merge
 from sharetune_tuner.cli import SERVER_PORTS, build_parser, server_ports
 from sharetune_tuner.errors import TunerError
 
@@ -37,11 +37,18 @@ def _parse(args: list[str]) -> Any:
         pytest.fail(f"the tuner refuses {args}")
 
 
+def _applied(s: Any) -> list[dict[str, Any]]:
+    """What the operator applies over a job's life: where a daemon holds the GPU, the clients
+    come once it has named that GPU."""
+    clients = [plan_clients(JOB, s, gpu="GPU-1")] if pins_gpu(s, None) else []
+    return [*plan(JOB, s), *clients, plan_merge(JOB, s)]
+
+
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_every_pod_command_parses_with_the_tuner_cli(name: str) -> None:
     s = parse_spec("tj", SPECS[name])
     seen = set()
-    for o in [*plan(JOB, s), plan_merge(JOB, s)]:
+    for o in _applied(s):
         if o["kind"] in ("Pod", "Deployment", "Job"):
             for args in _pod_args(o):
                 a = _parse(args)
@@ -68,7 +75,7 @@ def test_local_mode_starts_the_same_commands(name: str, tmp_path: Path) -> None:
     local_cmds = {n: _parse(a) for n, a in spawned}
     local_cmds["client"] = _parse(run.client_args(0))
     pods = {}
-    for o in [*plan(JOB, s), plan_merge(JOB, s)]:
+    for o in _applied(s):
         if o["kind"] in ("Pod", "Deployment", "Job"):
             for args in _pod_args(o):
                 pods.setdefault(args[0], _parse(args))

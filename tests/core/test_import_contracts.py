@@ -23,7 +23,7 @@ def test_the_pure_core_imports_without_kopf_kubernetes_or_tvm() -> None:
     """What import-linter cannot see: nothing the contract or the planner imports at run time
     pulls the heavy packages in (a fresh interpreter, so earlier tests' imports do not count)."""
     code = ("import sys, sharetune.api.spec, sharetune.api.topology, sharetune.api.commands, sharetune.planner, "
-            "sharetune.admission, sharetune.sharing, sharetune.gpushare, "
+            "sharetune.admission, sharetune.sharing, sharetune.gpushare, sharetune.driver, "
             "sharetune.controller.status, sharetune_tuner.cli; "
             "heavy = sorted({'kopf', 'kubernetes', 'tvm', 'tvm_ffi', 'boto3'} & set(sys.modules)); "
             "print(heavy); sys.exit(1 if heavy else 0)")

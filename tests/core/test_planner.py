@@ -7,9 +7,18 @@ from typing import Any
 import pytest
 
 from sharetune.api.spec import parse_spec
-from sharetune.planner import JobRef, pin_servers_patch, plan, plan_merge, published_gpu, store_uri
+from sharetune.planner import JobRef, pin_servers_patch, plan, plan_clients, plan_merge, published_gpu, store_uri
 
 JOB = JobRef("tj", "ns1", "uid-1")
+
+
+def applied(job: JobRef, spec: Any, sharing: Any = None, requests: Any = None, **kw: Any) -> list[dict[str, Any]]:
+    """What the operator applies before the merge: plan(), and where a daemon holds the GPU the
+    clients it creates once that GPU is named (their only one)."""
+    from sharetune.planner import pins_gpu
+
+    clients = [plan_clients(job, spec, requests=requests, gpu="GPU-1")] if pins_gpu(spec, sharing) else []
+    return [*plan(job, spec, sharing=sharing, requests=requests, **kw), *clients]
 
 
 def by_kind(objs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -102,13 +111,18 @@ def test_mps_job_daemon_servers_and_security() -> None:
         {"name": "server", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": uuid}]}]
     menv = {e["name"]: e.get("value") for e in containers(plan_merge(JOB, s, gpu=uuid))[0]["env"]}
     assert menv["NVIDIA_VISIBLE_DEVICES"] == uuid
+    # The clients come only then (plan has none), seeing that GPU and no other.
+    assert "Job" not in k
+    clients = plan_clients(JOB, s, gpu=uuid)
+    assert clients["kind"] == "Job" and clients["metadata"]["name"] == "tj-clients"
+    assert {e["name"]: e.get("value") for e in containers(clients)[0]["env"]}["NVIDIA_VISIBLE_DEVICES"] == uuid
     assert "resources" not in sc or "nvidia.com/gpu" not in str(sc["resources"])
     term = pod_spec(srv)["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
     assert term["topologyKey"] == "kubernetes.io/hostname"
     assert term["labelSelector"]["matchLabels"] == {"sharetune.io/job": "tj",
                                                     "app.kubernetes.io/component": "mps-daemon"}
     # Every pod but the daemon: non-root, no escalation, capabilities dropped, read-only root.
-    for o in [*k["Deployment"], *k["Job"], plan_merge(JOB, s)]:
+    for o in [*k["Deployment"], clients, plan_merge(JOB, s)]:
         for c in containers(o):
             sec = c["securityContext"]
             assert sec["runAsNonRoot"] and sec["runAsUser"] == 1000 and not sec["allowPrivilegeEscalation"]
@@ -135,7 +149,7 @@ def test_clients_are_an_indexed_job_and_credentials_come_from_a_secret() -> None
 def test_scheduling_fields_reach_the_gpu_pods() -> None:
     s = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda",
                           "nodeSelector": {"gpu": "h200"}, "tolerations": [{"key": "gpu", "operator": "Exists"}]})
-    k = by_kind(plan(JOB, s))
+    k = by_kind(applied(JOB, s))
     assert pod_spec(k["Pod"][0])["nodeSelector"] == {"gpu": "h200"}
     for o in [*k["Deployment"], *k["Job"]]:
         assert pod_spec(o)["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
@@ -206,7 +220,7 @@ def test_multi_gpu_job_has_a_daemon_and_a_server_group_per_gpu() -> None:
 
     s = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda",
                           "gpuSharing": {"gpus": 3}, "servers": {"replicas": 4, "threadPercentage": 25}})
-    k = by_kind(plan(JOB, s))
+    k = by_kind(applied(JOB, s))
     daemons = {p["metadata"]["name"]: p for p in k["Pod"]}
     assert sorted(daemons) == ["tj-mps-0", "tj-mps-1", "tj-mps-2"]
     servers = {d["metadata"]["name"]: d for d in k["Deployment"]
@@ -242,7 +256,7 @@ def test_multi_gpu_job_has_a_daemon_and_a_server_group_per_gpu() -> None:
     # the same rule local mode follows (sharetune.api.topology.gpu_groups).
     nomps = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda", "gpuSharing": {"gpus": 2, "mps": False}})
     assert servers_scale("tj", nomps, 3) == [("tj-servers-0", 3), ("tj-servers-1", 3)]
-    nomps_objs = by_kind(plan(JOB, nomps))
+    nomps_objs = by_kind(applied(JOB, nomps))
     assert "Pod" not in nomps_objs
     for d in (d for d in nomps_objs["Deployment"] if d["metadata"]["name"].startswith("tj-servers")):
         assert containers(d)[0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
@@ -308,7 +322,7 @@ def test_builders_pool_pods_key_and_autoscaler() -> None:
                                        "tolerations": [{"key": "cpu-only", "operator": "Exists"}],
                                        "resources": {"requests": {"cpu": "6"}, "limits": {"cpu": "6"}},
                                        "autoscale": {"minReplicas": 2, "maxReplicas": 8}}})
-    objs = plan(JOB, s)
+    objs = applied(JOB, s)
     named = {(o["kind"], o["metadata"]["name"]): o for o in objs}
     key = named["Secret", "tj-build-key"]
     assert len(key["stringData"]["authkey"]) >= 32
@@ -503,7 +517,7 @@ def test_only_the_jobs_own_pods_reach_its_tracker_servers_and_builders() -> None
     from sharetune.netpolicy import NetworkConfig, NetworkConfigError
 
     s = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda", "builders": {"replicas": 2}})
-    objs = plan(JOB, s)
+    objs = applied(JOB, s)
     pol = by_kind(objs)["NetworkPolicy"]
     assert objs[0] is pol[0]  # created before any pod of the job
     spec = pol[0]["spec"]
@@ -524,11 +538,11 @@ def test_only_the_jobs_own_pods_reach_its_tracker_servers_and_builders() -> None
     # The chart's values: scrapers narrowed, or no policy at all; bad values name the setting.
     cfg = NetworkConfig.from_env({"SHARETUNE_METRICS_SCRAPERS":
                                   '[{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mon"}}}]'})
-    narrowed = by_kind(plan(JOB, s, network=cfg))["NetworkPolicy"][0]["spec"]["ingress"][1]["from"]
+    narrowed = by_kind(applied(JOB, s, network=cfg))["NetworkPolicy"][0]["spec"]["ingress"][1]["from"]
     assert narrowed == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mon"}}}]
-    assert len(by_kind(plan(JOB, s, network=NetworkConfig.from_env({"SHARETUNE_METRICS_SCRAPERS": "[]"})))
+    assert len(by_kind(applied(JOB, s, network=NetworkConfig.from_env({"SHARETUNE_METRICS_SCRAPERS": "[]"})))
                ["NetworkPolicy"][0]["spec"]["ingress"]) == 1
-    assert "NetworkPolicy" not in by_kind(plan(JOB, s,
+    assert "NetworkPolicy" not in by_kind(applied(JOB, s,
                                                network=NetworkConfig.from_env({"SHARETUNE_NETWORK_POLICY": "false"})))
     for env, words in (({"SHARETUNE_NETWORK_POLICY": "yes"}, "networkPolicy.enabled"),
                        ({"SHARETUNE_METRICS_SCRAPERS": "{"}, "networkPolicy.metricsScrapers"),
@@ -547,8 +561,8 @@ def test_every_pod_has_requests_and_daemons_run_the_charts_image() -> None:
             "builders": {"replicas": 1}, "clients": {"resources": {"requests": {"cpu": "2"}}}}
     s = parse_spec("tj", user)
     mine = from_env({"SHARETUNE_DEFAULT_REQUESTS": '{"server": {"memory": "2Gi"}}'})
-    objs = [*plan(JOB, s, requests=mine), plan_merge(JOB, s, requests=mine),
-            *plan(JOB, parse_spec("tj", {**user, "gpuSharing": {"share": 50}}),
+    objs = [*applied(JOB, s, requests=mine), plan_merge(JOB, s, requests=mine),
+            *applied(JOB, parse_spec("tj", {**user, "gpuSharing": {"share": 50}}),
                   sharing=Sharing("pool", Placement((GpuId("n", 0),), 50))),
             plan_pool("n", 0, "sharetune-system", requests=mine)]
     seen = set()
@@ -661,7 +675,7 @@ def test_s3_cleanup_is_a_bounded_job_of_the_jobs_own_with_its_credentials_from_t
 
 def test_no_pod_of_any_mode_sees_every_gpu_of_its_node() -> None:
     from sharetune.requests import pod_specs
-    from sharetune_dev.manifests import MODES
+    from sharetune_dev.manifests import MODES, PUBLISHED_GPU
 
     for mode, objects in MODES.items():
         if mode == "chart":
@@ -672,8 +686,13 @@ def test_no_pod_of_any_mode_sees_every_gpu_of_its_node() -> None:
                     seen = {e["name"]: e.get("value") for e in c.get("env", [])}.get("NVIDIA_VISIBLE_DEVICES")
                     granted = any("gpu" in k for k in (c.get("resources") or {}).get("limits", {}))
                     # A cuda job's clients read the GPU's architecture through NVML and its builders
-                    # need the CUDA driver library to emit cubins: the image's visibility (docs/security.md).
+                    # need the CUDA driver library to emit cubins: where a daemon holds the job's
+                    # GPU, clients see that one; else the image's visibility (docs/security.md).
+                    pinned = c["name"] == "client" and mode in ("exclusive", "pool") and "nomps" not in obj[
+                        "metadata"]["name"]
                     needs_driver = c["name"] in ("client", "builder") and mode in ("exclusive", "pool", "device-plugin")
                     # the device plugin's choice where a GPU is granted; else none until a daemon names one
-                    want = None if granted or needs_driver else "void"
+                    pinned = pinned or (c["name"] == "merge" and mode in ("exclusive", "pool")
+                                        and "nomps" not in obj["metadata"]["name"])
+                    want = PUBLISHED_GPU if pinned else None if granted or needs_driver else "void"
                     assert seen == want, (mode, obj["metadata"]["name"], c["name"], seen)

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
+from sharetune.api.gpuenv import GPU_UUID_ANNOTATION
+
 from ..faults.scenarios import OperatorProcess
 from ..helpers import wait_for
 from .conftest import GROUP, PLURAL, VERSION, publish_gpu_as_daemon, tuning_job
@@ -207,10 +209,15 @@ def test_device_plugin_mode_requests_shared_replicas_and_no_daemon(two_gpus) -> 
 
 
 def _act_as_kubelet_and_tuner(core: Any, k8s: Any) -> None:
-    """What the pods would do on real nodes, for every job that got this far: its clients exit 0,
-    then its merge writes the summary and exits 0 (kwok runs no process; the tuning itself is
-    covered by the tests that run it)."""
+    """What the pods would do on real nodes, for every job that got this far: a pool daemon
+    publishes its GPU (the clients come once it has), its clients exit 0, then its merge writes
+    the summary and exits 0 (kwok runs no process; the tuning itself is covered by the tests that
+    run it)."""
     from .conftest import finish_pod
+
+    for pool in _pools(core):
+        if pool.status.phase == "Running" and GPU_UUID_ANNOTATION not in (pool.metadata.annotations or {}):
+            publish_gpu_as_daemon(k8s, NS, pool.metadata.name, pool.metadata.name, f"GPU-{pool.metadata.name}")
 
     for p in core.list_namespaced_pod(NS, label_selector="app.kubernetes.io/component in (client,merge)").items:
         if p.status.phase != "Running" or p.metadata.deletion_timestamp is not None:

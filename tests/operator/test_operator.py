@@ -149,6 +149,8 @@ def test_gpu_job_places_servers_with_the_mps_daemon(k8s, operator, ns) -> None:
         client.CoreV1Api(as_service_account(k8s, ns, "gpu-mps")).patch_namespaced_pod(
             "gpu-hog-elsewhere", ns, {"metadata": {"annotations": {"x": "y"}}})
     assert refused.value.status == 403
+    batch = client.BatchV1Api(k8s)
+    assert maybe(batch.read_namespaced_job, "gpu-clients", ns) is None  # nor any client
     publish_gpu_as_daemon(k8s, ns, "gpu-mps", "gpu-mps", uuid)
     servers = wait_for("3 servers scheduled", lambda: (ps := [p for p in core.list_namespaced_pod(
         ns, label_selector="sharetune.io/job=gpu,app.kubernetes.io/component=server").items
@@ -164,6 +166,9 @@ def test_gpu_job_places_servers_with_the_mps_daemon(k8s, operator, ns) -> None:
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4G"
         assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/pipe" and p.spec.host_ipc
+    # The clients come now, seeing that GPU too (NVML reads its architecture), never "all".
+    clients = wait_for("the clients' Job", lambda: maybe(batch.read_namespaced_job, "gpu-clients", ns))
+    assert {e.name: e.value for e in clients.spec.template.spec.containers[0].env}["NVIDIA_VISIBLE_DEVICES"] == uuid
 
 
 def test_a_second_gpu_job_waits_with_a_clear_reason(k8s, operator, ns) -> None:

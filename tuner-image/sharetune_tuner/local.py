@@ -28,6 +28,7 @@ from sharetune.api.progress import Progress
 from sharetune.api.spec import API_GROUP, API_VERSION, KIND, TuningJobSpec
 from sharetune.api.summary import Summary
 from sharetune.api.topology import LOCAL_JOB_FILE, PROGRESS_FILE, SUMMARY_FILE, TENANT_ENV, gpu_groups, in_group
+from sharetune.driver import Verdict, client_exit, shard_clamp
 from sharetune.procs import ProcessGroup, free_port
 
 from .build_protocol import ARTIFACT_DIR_ENV, AUTHKEY_ENV
@@ -242,7 +243,10 @@ class LocalRun:
     def progress(self) -> list[dict[str, Any]]:
         """Each shard's progress as its client wrote it; a shard without a readable one is starting,
         one the clamp removed is "clamped"."""
-        out: list[dict[str, Any]] = []
+        return [asdict(p) for p in self._shards()]
+
+    def _shards(self) -> list[Progress]:
+        out: list[Progress] = []
         for i in range(self.spec.shards):
             p = None
             if i < self.client_shards:
@@ -252,61 +256,57 @@ class LocalRun:
                     pass
             else:
                 p = Progress(self.spec.name, i, self.spec.shards, state="clamped")
-            out.append(asdict(p or Progress(self.spec.name, i, self.spec.shards)))
+            out.append(p or Progress(self.spec.name, i, self.spec.shards))
         return out
 
     def run_clients(self, on_tick: Any = None, poll_s: float = 0.25) -> None:
+        """Runs every shard's client to its end, as the operator's status loop runs the clients'
+        Job: the rules (clamp, restart or fail) are ``sharetune.driver``'s."""
         for i in range(self.spec.shards):  # a previous run's progress (in a reused workdir) is not this run's clamp
             (self.shard_dir(i) / PROGRESS_FILE).unlink(missing_ok=True)
         clients = {i: self.start_client(i) for i in range(self.spec.shards)}
         running = set(clients)
         while running and not self.stopping:
             time.sleep(poll_s)
-            progress = self.progress()
-            self._clamp(progress, clients, running)
+            self._clamp(self._shards(), clients, running)
             if on_tick:
-                on_tick(self.progress() if self.clamped_to else progress)
+                on_tick(self.progress())
             for i in sorted(running):
                 if self.stopping:
                     return
                 rc = clients[i].poll()
                 if rc is None:
                     continue
-                if rc == 0:
+                verdict = client_exit(rc, clients[i].restarts + 1, self.max_client_restarts + 1, one_machine=True)
+                if verdict is Verdict.DONE:
                     running.discard(i)
-                    continue
-                if rc in NOT_RESTARTED_LOCALLY:  # a bad spec, model or output, no GPU: a restart cannot fix it
+                elif verdict is Verdict.RESTART:
+                    restarted = self.start_client(i)  # resumes from its records
+                    restarted.restarts = clients[i].restarts + 1
+                    clients[i] = restarted
+                elif rc in NOT_RESTARTED_LOCALLY:  # a bad spec, model or output, no GPU: a restart cannot fix it
                     raise RunFailed(f"client {i} failed ({ExitCode(rc).name.lower()} error, not retried):\n"
                                     f"{clients[i].tail(5)}", rc)
-                if clients[i].restarts >= self.max_client_restarts:
+                else:
                     raise RunFailed(f"client {i} failed {clients[i].restarts + 1} times; last log:\n"
                                     f"{clients[i].tail()}", rc)
-                restarted = self.start_client(i)  # resumes from its records
-                restarted.restarts = clients[i].restarts + 1
-                clients[i] = restarted
         if on_tick:
             on_tick(self.progress())
 
-    def _clamp(self, progress: list[dict[str, Any]], clients: dict[int, ProcessGroup], running: set[int]) -> None:
+    def _clamp(self, shards: list[Progress], clients: dict[int, ProcessGroup], running: set[int]) -> None:
         """What the operator does with the clients' Job: once a client has reported how many shards
-        have a task (every client computes the same partition, and only the highest shards are
-        left empty), the clients of the others stop; they hold no task, so no record is lost."""
+        have a task, the clients of the others stop; they hold no task, so no record is lost."""
         if self.clamped_to is not None:
             return
-        reported = [p for p in progress if p.get("useful_shards") is not None]
-        if not reported:
+        clamp = shard_clamp(self.spec.shards, shards, self.spec.shards_asked)
+        if clamp is None:
             return
-        r = min(reported, key=lambda p: p["useful_shards"])
-        k = max(1, int(r["useful_shards"]))
-        if k >= self.spec.shards:
-            return
-        self.clamped_to = k
+        self.clamped_to = clamp.shards
         for i in sorted(running):
-            if i >= k:
+            if i >= clamp.shards:
                 clients[i].stop()
                 running.discard(i)
-        tasks, plural = r.get("tasks_to_tune", k), "s" if k != 1 else ""
-        print(f"clients.shards {self.spec.shards} > {tasks} tasks to tune: clamped to {k} shard{plural}", flush=True)
+        print(clamp.message, flush=True)
 
     def merge(self) -> Summary:
         out = self.workdir / "result"

@@ -9,9 +9,10 @@ from typing import Any
 from ..api.spec import TuningJobSpec
 from ..api.summary import Summary
 from ..api.topology import PROGRESS_FILE, SUMMARY_FILE, ChildNames
+from ..driver import shard_clamp
 from ..planner import JobRef, daemon_names, published_gpu
 from .context import Context
-from .status import DaemonView, Observed, ShardView, count_indexes, shard_clamp, started
+from .status import DaemonView, Observed, ShardView, count_indexes, started
 
 MANAGED = "app.kubernetes.io/managed-by=sharetune"
 
@@ -29,7 +30,9 @@ class Snapshot:
     pools: dict[str, Any] = field(default_factory=dict)  # GPU pool daemons by name (the pool namespace)
 
 
-def snapshot(ctx: Context) -> Snapshot:
+def snapshot(ctx: Context, pools: bool = True) -> Snapshot:
+    """One list per kind of child for a whole status tick. ``pools``: whether any job the tick
+    sees is in mode pool (else the pool daemons are not listed)."""
     core, batch = ctx.core, ctx.batch
     daemons_sel = MANAGED + ",app.kubernetes.io/component=mps-daemon"
 
@@ -48,9 +51,10 @@ def snapshot(ctx: Context) -> Snapshot:
         pods = core.list_pod_for_all_namespaces(label_selector=daemons_sel).items
         pending = core.list_pod_for_all_namespaces(label_selector=MANAGED, field_selector="status.phase=Pending").items
     # GPU pools (mode pool): one more list, in the operator's namespace, for the GPUs they publish
-    pools = {str(o.metadata.name): o for o in core.list_namespaced_pod(
-        ctx.sharing.pool_namespace, label_selector=MANAGED + ",app.kubernetes.io/component=gpu-pool").items}
-    return Snapshot(index(cms), index(jobs), index(pods), index(pending), pools)
+    by_name = {str(o.metadata.name): o for o in core.list_namespaced_pod(
+        ctx.sharing.pool_namespace, label_selector=MANAGED + ",app.kubernetes.io/component=gpu-pool").items
+        } if pools else {}
+    return Snapshot(index(cms), index(jobs), index(pods), index(pending), by_name)
 
 
 def published(pod: Any) -> str | None:

@@ -40,6 +40,7 @@ from ..planner import (
     pins_gpu,
     pins_gpu_in,
     plan,
+    plan_clients,
     plan_merge,
     result_location,
     servers_scale,
@@ -266,6 +267,20 @@ def pin_servers(ctx: Context, body: dict[str, Any], job: JobRef, s: TuningJobSpe
         patch.status["serversGpuByGroup"] = pins
 
 
+def start_clients(ctx: Context, job: JobRef, s: TuningJobSpec, sharing: Sharing | None, obs: Observed,
+                  status: dict[str, Any], patch: kopf.Patch) -> None:
+    """A job whose GPU is a daemon's gets its clients' Job once the first GPU group is pinned: the
+    clients see that GPU and no other (:func:`planner.plan_clients`). Every tick until the Job
+    exists, so a refused create is tried again."""
+    if not pins_gpu(s, sharing) or obs.clients_job_shards is not None or obs.merge_exists:
+        return
+    # this tick's pins over the stored ones (a replaced daemon's key is None here: not pinned)
+    pins = {**(status.get("serversGpuByGroup") or {}), **(patch.status.get("serversGpuByGroup") or {})}
+    uuid = pins.get(_group_key(gpu_groups(s)[0]))
+    if uuid and kube.create(ctx.api, plan_clients(job, s, ctx.image, ctx.requests, uuid)):
+        metrics.CHILDREN.labels("Job").inc()
+
+
 def reconcile_all(ctx: Context) -> None:
     """One status tick over every job the operator watches."""
     objs = ctx.custom
@@ -280,7 +295,10 @@ def reconcile_all(ctx: Context) -> None:
               and (b.get("status") or {}).get("phase") not in FINAL]
     if gpupool.needed(ctx, active) or _pools_may_exist(ctx):
         _gpu_tick(ctx, items)
-    snap = snapshot(ctx) if active else Snapshot()
+    # a job placed on a GPU pool this tick has its placement before it says its mode
+    in_pools = any((st := b.get("status") or {}).get("gpuSharingMode") == POOL or st.get("gpuPlacement")
+                   for b in active)
+    snap = snapshot(ctx, pools=in_pools) if active else Snapshot()
     for body in items:
         if body["metadata"].get("deletionTimestamp"):
             continue
@@ -368,6 +386,7 @@ def reconcile_status(ctx: Context, body: dict[str, Any], patch: kopf.Patch, snap
     if s.uses_mps and (sharing is None or sharing.mode == EXCLUSIVE):  # pools recover in the GPU tick
         replaced = recover_mps_daemon(ctx, body, job, s, obs, patch)
     pin_servers(ctx, body, job, s, sharing, snap, patch, replaced)
+    start_clients(ctx, job, s, sharing, obs, status, patch)
     if obs.clamp is not None:
         clamp_clients(ctx, job, obs)
     if obs.clients_succeeded >= obs.client_shards and not obs.merge_exists and not obs.clients_failed:

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..api.progress import Progress
 from ..api.summary import Summary
+from ..driver import Clamp
 
 PENDING, RUNNING, MERGING, SUCCEEDED, FAILED = "Pending", "Running", "Merging", "Succeeded", "Failed"
 FINAL = (SUCCEEDED, FAILED)
@@ -92,34 +93,7 @@ class Observed:
     client_shards: int = 0  # shards the clients run: clients.shards, or fewer once clamped
     clients_job_shards: int | None = None  # the clients' Job's completions (None: no Job seen)
     clients_finished: bool = False  # the clients' Job is Complete or Failed
-    clamp: "Clamp | None" = None  # the shards report fewer shards with a task than clients.shards
-
-
-@dataclass(frozen=True)
-class Clamp:
-    shards: int  # shards with a task to tune: 0..shards-1
-    message: str
-
-
-def shard_clamp(spec_shards: int, shards: list[ShardView], asked: int | None = None) -> Clamp | None:
-    """The clamp of ``clients.shards`` to the shards that have a task to tune, once a client has
-    reported its partition (every client computes the same one); None while none has, or when
-    every shard has a task. The partition leaves shards empty only from the highest index down
-    (``partition.useful_shards``), so the clients' Job keeps every task when it is scaled down.
-    ``asked``: clients.shards as written, when the budget sized the Job below it (the message)."""
-    reported = [s for s in shards if s.useful_shards is not None]
-    if not reported:
-        return None
-    r = min(reported, key=lambda s: s.useful_shards or 0)
-    k = max(1, r.useful_shards or 0)
-    if k >= spec_shards:
-        return None
-    tasks = r.tasks_to_tune if r.tasks_to_tune is not None else k
-    rest = (f" (the budget gives trials to {tasks} of the model's {r.tasks_total} tasks; the rest keep TVM's "
-            f"defaults)" if r.tasks_total is not None and r.tasks_total > tasks else "")
-    plural = "s" if k != 1 else ""
-    return Clamp(k, f"clients.shards {asked or spec_shards} > {tasks} tasks to tune: "
-                    f"clamped to {k} shard{plural}{rest}")
+    clamp: Clamp | None = None  # the shards report fewer shards with a task than clients.shards
 
 
 def count_indexes(indexes: str | None, below: int) -> int:
