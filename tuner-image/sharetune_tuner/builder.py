@@ -15,11 +15,11 @@ from typing import Any
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
-from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _worker_func
 from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
 
 from . import nvrtc
 from .build_protocol import ARTIFACT_DIR_ENV
+from .tvm_private import build_candidate, serialize_params
 
 
 def build_without_intrinsics(mod: Any, target: Any, _params: Any) -> Any:
@@ -65,7 +65,7 @@ def build_batch(pool: PopenPoolExecutor, f_export: Any, items: list[tuple[Any, A
     ``PooledBuilder`` and the host's build service (build_service.py)."""
     args = [(build_without_intrinsics, f_export, mod, target, params) for mod, target, params in items]
     out: list[Built] = []
-    for r in pool.map_with_error_catching(lambda x: _worker_func(*x), args):
+    for r in pool.map_with_error_catching(lambda x: build_candidate(*x), args):
         if r.status == StatusKind.COMPLETE:
             out.append((r.value, None, "ok"))
         elif r.status == StatusKind.TIMEOUT:
@@ -87,7 +87,7 @@ class PooledBuilder(PyBuilder):
                                       maximum_process_uses=max_uses)
 
     def build(self, build_inputs: list[Any]) -> list[Any]:
-        items = [(b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
+        items = [(b.mod, b.target, serialize_params(b.params)) for b in build_inputs]
         return [BuilderResult(path, error) for path, error, _ in
                 build_batch(self.pool, self.f_export, items, self.timeout_sec, "PooledBuilder")]
 

@@ -255,7 +255,7 @@ def search_strategy(cfg: ClientConfig, search: str = "evolutionary") -> Any:
     # The initial sampling gives up (and MetaSchedule ends the task, with no trial) after
     # max_fail_count rounds of `population` draws without one valid schedule. CUDA tasks whose
     # random schedules rarely pass VerifyGPUCode lost every trial with the stock 5 rounds of a
-    # small population (H200 round r12: 3 of 6 tasks); as many draws as the stock population
+    # small population (on the H200, the -r12 cells: 3 of 6 tasks); as many draws as the stock population
     # gets keeps them, and costs only where valid schedules are that rare.
     fails = 5 * math.ceil(stock / population)
     return ms.search_strategy.EvolutionarySearch(population_size=population, max_fail_count=fails,
@@ -264,8 +264,6 @@ def search_strategy(cfg: ClientConfig, search: str = "evolutionary") -> Any:
 
 def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     """Tunes this client's shard to completion (or resumes it) and returns the final progress."""
-    from tvm.s_tir import meta_schedule as ms
-
     check_cold_search(cfg.cold_search)
     cfg.work_dir.mkdir(parents=True, exist_ok=True)
     progress_path = cfg.work_dir / PROGRESS
@@ -282,25 +280,10 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     tasks = extract(model.mod, target)
     progress.startup["extract_s"] = round(time.monotonic() - t0, 2)
     plan = plan_shard(tasks, cfg)
-    mine, budget = plan.tasks, plan.budget
-    progress.useful_shards, progress.tasks_total = plan.useful_shards, plan.tasks_total
-    progress.tasks_to_tune = plan.tasks_to_tune
-    have = records.stats(cfg.work_dir)
-    for t in mine:
-        progress.tasks.append(TaskProgress(t.info.name, t.info.workload_hash, budget[t.info.key],
-                                           min(have.trials_by_workload.get(t.info.workload_hash, 0),
-                                               budget[t.info.key]),
-                                           have.best_by_workload.get(t.info.workload_hash)))
-    progress.budget = sum(tp.budget for tp in progress.tasks)
-    progress.done = progress.resumed = sum(tp.done for tp in progress.tasks)
-    metrics.SHARD_BUDGET.labels(cfg.job, str(cfg.shard)).set(progress.budget)
-    for tp in progress.tasks:  # every series exists from the start: error rates read 0, not "no data"
-        for status in metrics.TRIAL_STATUSES:
-            metrics.TRIALS.labels(cfg.job, str(cfg.shard), tp.name, status).inc(0)
-    metrics.SHARD_DONE.labels(cfg.job, str(cfg.shard)).set(progress.done)
+    _budget_progress(cfg, plan, progress)
     log.info("shard %d/%d: %d of %d tasks, %d trials budgeted, %d already in the database",
-             cfg.shard, cfg.shards, len(mine), len(tasks), progress.budget, progress.resumed)
-    todo = [(t, tp) for t, tp in zip(mine, progress.tasks) if tp.budget - tp.done > 0]
+             cfg.shard, cfg.shards, len(plan.tasks), len(tasks), progress.budget, progress.resumed)
+    todo = [(t, tp) for t, tp in zip(plan.tasks, progress.tasks) if tp.budget - tp.done > 0]
     if cfg.shard >= plan.useful_shards:
         progress.message = (f"nothing to tune: {plan.tasks_to_tune} of the model's {plan.tasks_total} tasks get "
                             f"trials, on shards 0..{plan.useful_shards - 1}")
@@ -324,103 +307,160 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     progress.startup["tracker_wait_s"] = round(time.monotonic() - t0, 2)
     progress.state = "tuning"
     progress.write(progress_path)
+    _ShardTuning(cfg, progress, progress_path, todo).run()
+    progress.state = "done"
+    progress.write(progress_path)
+    return progress
 
-    cores = cfg.builder_workers or default_builder_workers(cfg.clients_on_host)
+
+def _budget_progress(cfg: ClientConfig, plan: Any, progress: Progress) -> None:
+    """The shard's tasks into ``progress`` with their budgets and what the database already
+    holds (a resumed shard), and every metric series of the shard at its start value."""
+    have = records.stats(cfg.work_dir)
+    progress.useful_shards, progress.tasks_total = plan.useful_shards, plan.tasks_total
+    progress.tasks_to_tune = plan.tasks_to_tune
+    for t in plan.tasks:
+        w = t.info.workload_hash
+        progress.tasks.append(TaskProgress(t.info.name, w, plan.budget[t.info.key],
+                                           min(have.trials_by_workload.get(w, 0), plan.budget[t.info.key]),
+                                           have.best_by_workload.get(w)))
+    progress.budget = sum(tp.budget for tp in progress.tasks)
+    progress.done = progress.resumed = sum(tp.done for tp in progress.tasks)
+    metrics.SHARD_BUDGET.labels(cfg.job, str(cfg.shard)).set(progress.budget)
+    for tp in progress.tasks:  # every series exists from the start: error rates read 0, not "no data"
+        for status in metrics.TRIAL_STATUSES:
+            metrics.TRIALS.labels(cfg.job, str(cfg.shard), tp.name, status).inc(0)
+    metrics.SHARD_DONE.labels(cfg.job, str(cfg.shard)).set(progress.done)
+
+
+def _builder(cfg: ClientConfig, cores: int) -> Any:
+    """The shard's builder: the host's (or the job's) build service when there is one, else a
+    pool of this client's own long-lived workers."""
     if cfg.build_service is not None:
         from .remote_builder import RemoteBuilder
 
-        builder = RemoteBuilder(cfg.build_service, fallback_workers=cores, timeout_sec=60.0,
-                                export_shared_lib=cfg.session_runner)
-    else:
-        builder = PooledBuilder(max_workers=cores, timeout_sec=60.0, export_shared_lib=cfg.session_runner)
-    # The runner workers (processes started from here, inheriting the environment) note each
-    # measurement's co-tenants there; ProgressCallback counts them into the progress report.
-    os.environ[measure_window.LOG_ENV] = str(cfg.work_dir / MEASURE_LOG)
-    windows_log = measure_window.MeasureLog(cfg.work_dir / MEASURE_LOG)
+        return RemoteBuilder(cfg.build_service, fallback_workers=cores, timeout_sec=60.0,
+                             export_shared_lib=cfg.session_runner)
+    return PooledBuilder(max_workers=cores, timeout_sec=60.0, export_shared_lib=cfg.session_runner)
+
+
+def _runner(cfg: ClientConfig) -> Any:
+    """One runner worker per server: a long-lived session each, or stock's session per candidate."""
+    from tvm.s_tir import meta_schedule as ms
+
     rpc_config = ms.runner.RPCConfig(tracker_host=cfg.tracker_host, tracker_port=cfg.tracker_port,
                                      tracker_key=cfg.tracker_key, session_timeout_sec=cfg.session_timeout_s)
     evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20)
     if cfg.session_runner:
         from .runner import SessionRPCRunner
 
-        runner = SessionRPCRunner(rpc_config, evaluator, max_workers=cfg.servers,
-                                  candidate_timeout_sec=cfg.session_timeout_s)
-    else:
-        runner = ms.runner.RPCRunner(rpc_config=rpc_config, evaluator_config=evaluator, max_workers=cfg.servers,
-                                     f_run_evaluator=measure_window.windowed_run_evaluator)
-    database = ms.database.JSONDatabase(work_dir=str(cfg.work_dir))
-    # One cost model for the whole shard: it keeps learning across this shard's tasks.
-    cm_threads = cost_model_threads(cfg.clients_on_host)
-    cost_model = ms.CostModel.create(cfg.cost_model, num_tuning_cores=cm_threads)
-    log.info("threads: search %d, cost model %d (%d clients on this host); search while the cost model is cold: %s",
-             cores, cm_threads, cfg.clients_on_host, cfg.cold_search)
-    with ms.Profiler() as prof, ExitStack() as cleanup:
-        stage = None
-        if cfg.store_ahead is not None:
-            stage = RecordLines(cfg.work_dir)
-            cleanup.callback(stage.close)
-        phases = PhaseExport(cfg.job, cfg.shard)  # the profiler's totals span all the tasks
+        return SessionRPCRunner(rpc_config, evaluator, max_workers=cfg.servers,
+                                candidate_timeout_sec=cfg.session_timeout_s)
+    return ms.runner.RPCRunner(rpc_config=rpc_config, evaluator_config=evaluator, max_workers=cfg.servers,
+                               f_run_evaluator=measure_window.windowed_run_evaluator)
 
+
+class _ShardTuning:
+    """The tuning of one shard's tasks that still have trials to run (``todo``): one builder,
+    runner, database and cost model for all of them, so the cost model keeps learning across the
+    shard's tasks."""
+
+    def __init__(self, cfg: ClientConfig, progress: Progress, progress_path: Path,
+                 todo: list[tuple[Any, TaskProgress]]) -> None:
+        from tvm.s_tir import meta_schedule as ms
+
+        self.cfg, self.progress, self.progress_path, self.todo = cfg, progress, progress_path, todo
+        self.cores = cfg.builder_workers or default_builder_workers(cfg.clients_on_host)
+        self.builder = _builder(cfg, self.cores)
+        # The runner workers (processes started from here, inheriting the environment) note each
+        # measurement's co-tenants there; ProgressCallback counts them into the progress report.
+        os.environ[measure_window.LOG_ENV] = str(cfg.work_dir / MEASURE_LOG)
+        self.windows_log = measure_window.MeasureLog(cfg.work_dir / MEASURE_LOG)
+        self.runner = _runner(cfg)
+        self.database = ms.database.JSONDatabase(work_dir=str(cfg.work_dir))
+        cm_threads = cost_model_threads(cfg.clients_on_host)
+        self.cost_model = ms.CostModel.create(cfg.cost_model, num_tuning_cores=cm_threads)
+        log.info("threads: search %d, cost model %d (%d clients on this host); search while the cost model is "
+                 "cold: %s", self.cores, cm_threads, cfg.clients_on_host, cfg.cold_search)
         # Per task of todo: the candidates measured (CappedSearch drops them again); a resumed
         # task's also holds the database's best schedules from before this process.
-        measured = [Measured(from_database=tp.done > 0) for _, tp in todo]
+        self.measured = [Measured(from_database=tp.done > 0) for _, tp in todo]
+        self.stage: RecordLines | None = None
+        self.phases = PhaseExport(cfg.job, cfg.shard)  # the profiler's totals span all the tasks
 
-        def tune(group: list[tuple[int, int]], search: str) -> None:
-            """One ``tune_tasks`` call over ``group`` ((index in todo, trials it gets here)), each
-            task held to its own trials (CappedSearch) and interleaved round-robin."""
-            ctxs: list[Any] = []
-            tps: list[TaskProgress] = []
-            weights: list[float] = []
-            for i, trials in group:
-                task, tp = todo[i]
-                log.info("task %s: %d trials by %s search", task.info.name, trials, search)
-                strategy = CappedSearch(search_strategy(cfg, search), trials, measured[i])
-                c, w = ms.relax_integration.extracted_tasks_to_tune_contexts(
-                    [task.extracted], work_dir=str(cfg.work_dir / "logs"), strategy=strategy, num_threads=cores,
-                    seed=cfg.seed * 1000 + cfg.shard * 100 + i + tp.done)
-                ctxs += c
-                weights += w
-                tps += [tp] * len(c)  # none when TVM skips an already-scheduled task
-            if not ctxs:
-                return
-            if stage is not None and cfg.store_ahead is not None:
-                # The upload runs while the cost model trains (write_ahead.py).
-                ahead = WriteAhead(database, stage, ctxs, cfg.store_ahead, cfg.job, str(cfg.shard))
-                callbacks = [StoreBatch(ahead), ms.measure_callback.RemoveBuildArtifact(), CostModelUpdate(progress),
-                             CommitBatch(ahead)]
-            else:
-                callbacks = [ms.measure_callback.AddToDatabase(), ms.measure_callback.RemoveBuildArtifact(),
-                             CostModelUpdate(progress)]
-            callbacks.append(ProgressCallback(cfg, progress, tps, progress_path, phases, windows_log))
-            # Every task's cap is its CappedSearch's; the scheduler's own limits only must not bind.
-            most = max(trials for _, trials in group)
-            ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=str(cfg.work_dir / "logs"),
-                          max_trials_global=sum(trials for _, trials in group), max_trials_per_task=most,
-                          num_trials_per_iter=min(cfg.trials_per_iter, most),
-                          builder=builder, runner=runner, database=database, cost_model=cost_model,
-                          measure_callbacks=callbacks, task_scheduler="round-robin")
+    def run(self) -> None:
+        from tvm.s_tir import meta_schedule as ms
 
-        # All of the shard's tasks in one call: round-robin gives every task a round before any
-        # gets a second (the whole model improves from the start, not task after task) and
-        # measures one task's batch while the next one searches and builds (capped_search.py).
-        # First, while the cost model cannot rank, each new task's first round by the cold search.
-        cold = [(i, min(cfg.trials_per_iter, tp.budget - tp.done)) for i, (_, tp) in enumerate(todo)
-                if first_round_search(cfg, cost_model, tp.done) is not None]
-        if cold:
-            tune(cold, cfg.cold_search)
-        # Counted again after the cold round: slots it could not fill go to the evolutionary search.
-        rest = [(i, tp.budget - tp.done) for i, (_, tp) in enumerate(todo) if tp.budget - tp.done > 0]
-        if rest:
-            tune(rest, "evolutionary")
-        dropped = sum(m.dropped for m in measured)
-        if dropped:
-            log.info("%d candidates dropped: schedules already measured for their task (earlier in this process, "
-                     "before a restart, or in the same batch), not measured twice", dropped)
-        progress.phases = {k: round(float(v), 3) for k, v in prof.get().items()}
-    log.info("where the time went:\n%s", prof.table())
-    if hasattr(builder, "remote_builds"):  # RemoteBuilder: where this shard's candidates were built
-        log.info("candidates built: remote %d, here %d, retried %d, waited %.1f s for a builder",
-                 builder.remote_builds, builder.local_builds, builder.retried, builder.waited_s)
-    progress.state = "done"
-    progress.write(progress_path)
-    return progress
+        cfg, todo = self.cfg, self.todo
+        with ms.Profiler() as prof, ExitStack() as cleanup:
+            if cfg.store_ahead is not None:
+                self.stage = RecordLines(cfg.work_dir)
+                cleanup.callback(self.stage.close)
+            # All of the shard's tasks in one call: round-robin gives every task a round before any
+            # gets a second (the whole model improves from the start, not task after task) and
+            # measures one task's batch while the next one searches and builds (capped_search.py).
+            # First, while the cost model cannot rank, each new task's first round by the cold search.
+            cold = [(i, min(cfg.trials_per_iter, tp.budget - tp.done)) for i, (_, tp) in enumerate(todo)
+                    if first_round_search(cfg, self.cost_model, tp.done) is not None]
+            if cold:
+                self.tune(cold, cfg.cold_search)
+            # Counted again after the cold round: slots it could not fill go to the evolutionary search.
+            rest = [(i, tp.budget - tp.done) for i, (_, tp) in enumerate(todo) if tp.budget - tp.done > 0]
+            if rest:
+                self.tune(rest, "evolutionary")
+            dropped = sum(m.dropped for m in self.measured)
+            if dropped:
+                log.info("%d candidates dropped: schedules already measured for their task (earlier in this process, "
+                         "before a restart, or in the same batch), not measured twice", dropped)
+            self.progress.phases = {k: round(float(v), 3) for k, v in prof.get().items()}
+        log.info("where the time went:\n%s", prof.table())
+        b = self.builder
+        if hasattr(b, "remote_builds"):  # RemoteBuilder: where this shard's candidates were built
+            log.info("candidates built: remote %d, here %d, retried %d, waited %.1f s for a builder",
+                     b.remote_builds, b.local_builds, b.retried, b.waited_s)
+
+    def tune(self, group: list[tuple[int, int]], search: str) -> None:
+        """One ``tune_tasks`` call over ``group`` ((index in todo, trials it gets here)), each
+        task held to its own trials (CappedSearch) and interleaved round-robin."""
+        from tvm.s_tir import meta_schedule as ms
+
+        cfg = self.cfg
+        ctxs: list[Any] = []
+        tps: list[TaskProgress] = []
+        weights: list[float] = []
+        for i, trials in group:
+            task, tp = self.todo[i]
+            log.info("task %s: %d trials by %s search", task.info.name, trials, search)
+            strategy = CappedSearch(search_strategy(cfg, search), trials, self.measured[i])
+            c, w = ms.relax_integration.extracted_tasks_to_tune_contexts(
+                [task.extracted], work_dir=str(cfg.work_dir / "logs"), strategy=strategy, num_threads=self.cores,
+                seed=cfg.seed * 1000 + cfg.shard * 100 + i + tp.done)
+            ctxs += c
+            weights += w
+            tps += [tp] * len(c)  # none when TVM skips an already-scheduled task
+        if not ctxs:
+            return
+        # Every task's cap is its CappedSearch's; the scheduler's own limits only must not bind.
+        most = max(trials for _, trials in group)
+        ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=str(cfg.work_dir / "logs"),
+                      max_trials_global=sum(trials for _, trials in group), max_trials_per_task=most,
+                      num_trials_per_iter=min(cfg.trials_per_iter, most),
+                      builder=self.builder, runner=self.runner, database=self.database, cost_model=self.cost_model,
+                      measure_callbacks=self.callbacks(ctxs, tps), task_scheduler="round-robin")
+
+    def callbacks(self, ctxs: list[Any], tps: list[TaskProgress]) -> list[Any]:
+        """What runs after each measured batch: records stored (ahead of the cost model's training
+        when the store uploads them, write_ahead.py), artifacts removed, the cost model updated,
+        the progress reported."""
+        from tvm.s_tir import meta_schedule as ms
+
+        cfg = self.cfg
+        if self.stage is not None and cfg.store_ahead is not None:
+            ahead = WriteAhead(self.database, self.stage, ctxs, cfg.store_ahead, cfg.job, str(cfg.shard))
+            out = [StoreBatch(ahead), ms.measure_callback.RemoveBuildArtifact(), CostModelUpdate(self.progress),
+                   CommitBatch(ahead)]
+        else:
+            out = [ms.measure_callback.AddToDatabase(), ms.measure_callback.RemoveBuildArtifact(),
+                   CostModelUpdate(self.progress)]
+        out.append(ProgressCallback(cfg, self.progress, tps, self.progress_path, self.phases, self.windows_log))
+        return out

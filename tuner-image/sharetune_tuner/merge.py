@@ -216,6 +216,62 @@ def deliver(winners: int, untuned_s: float, tuned_s: float | None) -> bool:
     return winners > 0 and tuned_s is not None and faster(tuned_s, untuned_s)
 
 
+def _task_summaries(spec: TuningJobSpec, model: Any, target: Any, records_dir: Path,
+                    verdicts: dict[str, dict[str, Any]]) -> list[TaskSummary]:
+    """Every task of the model, heaviest first: its budget, trials and best record, and what the
+    merge found against TVM's default schedule (``verdicts`` by workload)."""
+    stats = records.stats(records_dir)
+    extracted = extract(model.mod, target)
+    budget = budgets([t.info for t in extracted], spec.trials.total, spec.trials.per_task,
+                     useful_minimum(spec.trials.per_task, spec.trials.per_iteration))
+    tasks: list[TaskSummary] = []
+    for t in extracted:
+        h = t.info.workload_hash
+        v = verdicts.get(h)
+        tasks.append(TaskSummary(
+            t.info.name, h, t.info.weight, t.info.flops, budget[t.info.key], stats.trials_by_workload.get(h, 0),
+            round(stats.best_by_workload[h] * 1e6, 3) if h in stats.best_by_workload else None,
+            v["default_us"] if v else None, v["tuned_us"] if v else None, v["winner"] if v else NO_RECORDS))
+    tasks.sort(key=lambda t: -(t.flops * t.weight))
+    return tasks
+
+
+def _serving(spec: TuningJobSpec, model: Any, delivered: Any, x: Any, out: Path,
+             alone: measure_window.AloneMeasurements) -> dict[str, Any]:
+    """The delivered model at each MPS serving share, each measurement alone on the GPU."""
+    from .serving import measure_one
+    from .serving import report as serving_report
+
+    def measure_alone(lib: Path, inputs: Path, pct: int) -> dict[str, Any]:
+        with alone.window():
+            return measure_one(lib, inputs, pct)
+
+    return serving_report(spec.target, spec.uses_mps, delivered, [x, *[p.numpy() for p in model.params]],
+                          out / "serving", measure=measure_alone)
+
+
+def _untuned_and_tuned(model: Any, target: Any, dev: Any, x: Any, best: Path | None,
+                       alone: measure_window.AloneMeasurements) -> tuple[Any, Any, float, float | None, float]:
+    """The untuned model and, with ``best`` records, the tuned one (its output checked against the
+    untuned one's), timed back to back alone on the GPU: (untuned, tuned, their latencies in
+    seconds, the tuned output's relative error)."""
+    with model_errors(f"TVM cannot compile {model.name}"):  # the model's problem, not the records'
+        untuned = compile_with(None, model, target)
+        ref = run_once(untuned, model, x, dev)
+    if best is None:
+        timer = model_timer(untuned, model, x, dev)
+        with alone.window():
+            return untuned, None, compare([timer])[0], None, 0.0
+    tuned = compile_with(best, model, target)
+    ok, err = outputs_match(ref, run_once(tuned, model, x, dev))
+    if not ok:
+        raise TunerError(f"the tuned model's output differs from the untuned one (relative error {err:.2e})")
+    timers = [model_timer(untuned, model, x, dev), model_timer(tuned, model, x, dev)]
+    with alone.window():
+        lat_untuned, lat_tuned = compare(timers)
+    return untuned, tuned, lat_untuned, lat_tuned, err
+
+
 def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> Summary:
     from tvm.s_tir import meta_schedule as ms
 
@@ -237,41 +293,16 @@ def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> 
     kept = [v["record"] for v in verdicts.values() if v["winner"] == TUNED]
     write_db(out / "best", kept)
 
-    with model_errors(f"TVM cannot compile {model.name}"):  # the model's problem, not the records'
-        untuned = compile_with(None, model, target)
-        ref = run_once(untuned, model, x, dev)
-    tuned, err, lat_tuned = None, 0.0, None
-    if kept:
-        tuned = compile_with(out / "best", model, target)
-        ok, err = outputs_match(ref, run_once(tuned, model, x, dev))
-        if not ok:
-            raise TunerError(f"the tuned model's output differs from the untuned one (relative error {err:.2e})")
-        timers = [model_timer(untuned, model, x, dev), model_timer(tuned, model, x, dev)]
-        with alone.window():
-            lat_untuned, lat_tuned = compare(timers)
-    else:
-        timer = model_timer(untuned, model, x, dev)
-        with alone.window():
-            lat_untuned = compare([timer])[0]
+    untuned, tuned, lat_untuned, lat_tuned, err = _untuned_and_tuned(model, target, dev, x,
+                                                                       out / "best" if kept else None, alone)
     improved = deliver(len(kept), lat_untuned, lat_tuned)
     if not improved:
         write_db(out / "best", [])  # the result is the untuned model: nothing to apply
     delivered = tuned if improved else untuned
     lat_delivered = lat_tuned if improved and lat_tuned is not None else lat_untuned
 
+    tasks = _task_summaries(spec, model, target, out / "records", verdicts)
     stats = records.stats(out / "records")
-    extracted = extract(model.mod, target)
-    budget = budgets([t.info for t in extracted], spec.trials.total, spec.trials.per_task,
-                     useful_minimum(spec.trials.per_task, spec.trials.per_iteration))
-    tasks: list[TaskSummary] = []
-    for t in extracted:
-        h = t.info.workload_hash
-        v = verdicts.get(h)
-        tasks.append(TaskSummary(
-            t.info.name, h, t.info.weight, t.info.flops, budget[t.info.key], stats.trials_by_workload.get(h, 0),
-            round(stats.best_by_workload[h] * 1e6, 3) if h in stats.best_by_workload else None,
-            v["default_us"] if v else None, v["tuned_us"] if v else None, v["winner"] if v else NO_RECORDS))
-    tasks.sort(key=lambda t: -(t.flops * t.weight))
     summary = Summary(
         job=spec.name, model=model.name, input_shape=list(model.input_shape), target=spec.target,
         shards=len(shard_dirs), records=counts["records_out"], failed_trials=stats.failed,
@@ -287,15 +318,8 @@ def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> 
         tasks_default_won=[t.name for t in tasks if t.winner == DEFAULT],
         merge_s=round(time.monotonic() - t0, 2))
     from .serving import KEY as SERVING_KEY
-    from .serving import measure_one  # the delivered model at each MPS serving share
-    from .serving import report as serving_report
 
-    def measure_alone(lib: Path, inputs: Path, pct: int) -> dict[str, Any]:
-        with alone.window():
-            return measure_one(lib, inputs, pct)
-
-    serving = serving_report(spec.target, spec.uses_mps, delivered, [x, *[p.numpy() for p in model.params]],
-                             out / "serving", measure=measure_alone)
+    serving = _serving(spec, model, delivered, x, out, alone)
     summary.latency_ms_by_serving_pct = serving[SERVING_KEY]
     summary.serving_report = serving["serving_report"]
     summary.measurement = alone.summary()

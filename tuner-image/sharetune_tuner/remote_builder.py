@@ -31,10 +31,10 @@ from typing import Any
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
-from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params
 
 from .build_protocol import ARTIFACT_DIR_ENV, Item, Result, WireResult, authkey, connect, parse_address
 from .builder import PooledBuilder
+from .tvm_private import serialize_params
 
 log = logging.getLogger("sharetune.build")
 
@@ -182,7 +182,7 @@ class RemoteBuilder(PyBuilder):
     def build(self, build_inputs: list[Any]) -> list[Any]:
         if not build_inputs:  # a task whose design space is used up (a reshape) gets an empty round
             return []
-        items = [(b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
+        items = [(b.mod, b.target, serialize_params(b.params)) for b in build_inputs]
         results: list[Result | None] = [None] * len(items)
         if self._ready():
             self._remote(items, results)

@@ -23,12 +23,12 @@ import os
 from typing import Any
 
 from tvm.ir.utils import derived_object
-from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, RPCConfig, RPCRunner, RunnerInput
-from tvm.s_tir.meta_schedule.runner.rpc_runner import RPCRunnerFuture
+from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, RPCConfig, RunnerInput
 from tvm.s_tir.meta_schedule.runner.utils import run_evaluator_common
 from tvm.support.popen_pool import PopenPoolExecutor
 
 from . import measure_window
+from .tvm_private import RPCRunnerClass, RPCRunnerFuture
 
 # Per runner-worker process state (each pool worker is its own process).
 _SESSION: dict[str, Any] = {"sess": None, "dev": None, "args": {}, "opened": 0, "window": None}
@@ -92,7 +92,7 @@ def _measure(rpc_config: RPCConfig, evaluator_config: EvaluatorConfig, alloc_rep
 
 
 @derived_object
-class SessionRPCRunner(RPCRunner._cls):  # type: ignore[name-defined]  # TVM's registered class, untyped
+class SessionRPCRunner(RPCRunnerClass):
     """``RPCRunner`` with one long-lived session per worker (see the module docstring)."""
 
     def __init__(self, rpc_config: RPCConfig, evaluator_config: EvaluatorConfig, max_workers: int,

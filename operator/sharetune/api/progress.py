@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .wire import parse_object, write_atomic
+
 VERSION = 1
 
 
@@ -78,20 +80,12 @@ class Progress:
 
     def write(self, path: Path) -> None:
         self.updated_at = time.time()
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(path)  # readers (local mode, the operator) never see half a file
+        write_atomic(path, self.to_json())
 
     @classmethod
     def from_json(cls, text: str | bytes | None) -> Progress | None:
         """The progress in ``text``; None when it is empty or not a progress object."""
-        if not text:
-            return None
-        try:
-            d = json.loads(text)
-            return cls.from_dict(d) if isinstance(d, dict) else None
-        except (ValueError, TypeError, KeyError):
-            return None
+        return parse_object(text, cls.from_dict)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Progress:

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .wire import parse_object, write_atomic
+
 VERSION = 1
 TUNED, UNTUNED = "tuned", "untuned"  # what the merge delivered
 
@@ -93,20 +95,12 @@ class Summary:
         return json.dumps(asdict(self), indent=2)
 
     def write(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(path)  # a reader never sees half a file
+        write_atomic(path, self.to_json())
 
     @classmethod
     def from_json(cls, text: str | bytes | None) -> Summary | None:
         """The summary in ``text``; None when it is empty or not a summary object."""
-        if not text:
-            return None
-        try:
-            d = json.loads(text)
-            return cls.from_dict(d) if isinstance(d, dict) else None
-        except (ValueError, TypeError, KeyError):
-            return None
+        return parse_object(text, cls.from_dict)
 
     @classmethod
     def read(cls, path: Path) -> Summary | None:
