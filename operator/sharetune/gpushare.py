@@ -142,8 +142,17 @@ def plan_tick(bodies: Iterable[Mapping[str, Any]], nodes: Iterable[Mapping[str, 
     for i, key in enumerate(out.queue):
         r = requests[key]
         plan.waiting[key] = (i + 1, waiting_message(i + 1, len(out.queue), r.share, r.gpus))
-    # Pools: one per GPU with a job; a failed one replaced; idle ones marked, then deleted.
-    in_use = ledger.in_use()
+    _plan_pools(plan, ledger.in_use(), pools, config, now)
+    plan.allocated = {g.id: ledger.allocated(g.id) for g in gpus}
+    for key, p in ledger.placements.items():
+        plan.co_tenants[key] = {k for d in p.devices for k in ledger.tenants(d)} - {key}
+    return plan
+
+
+def _plan_pools(plan: TickPlan, in_use: set[GpuId], pools: list[PoolPod], config: SharingConfig,
+                now: dt.datetime) -> None:
+    """Pools into ``plan``: one per GPU with a job; a failed one replaced (its servers rolled onto
+    the new pod); idle ones marked, then deleted after ``config.pool_idle_s``."""
     by_gpu = {p.gpu: p for p in pools}
     for gpu in sorted(in_use):
         pod = by_gpu.get(gpu)
@@ -165,10 +174,6 @@ def plan_tick(bodies: Iterable[Mapping[str, Any]], nodes: Iterable[Mapping[str, 
             plan.mark_idle.append(pod.name)
         elif (now - _ts(pod.idle_since)).total_seconds() >= config.pool_idle_s:
             plan.delete_pools.append(pod.name)
-    plan.allocated = {g.id: ledger.allocated(g.id) for g in gpus}
-    for key, p in ledger.placements.items():
-        plan.co_tenants[key] = {k for d in p.devices for k in ledger.tenants(d)} - {key}
-    return plan
 
 
 def co_tenant_status(previous: Mapping[str, Any] | None, now_tenants: set[JobKey], stamp: str

@@ -106,3 +106,12 @@ def test_a_server_given_only_its_port_tries_ports_from_there() -> None:
 def _ports(*args: str) -> tuple[int, int | None]:
     a = _parse(list(args))
     return a.port, a.port_end
+
+
+def test_every_tuner_subcommand_has_a_body() -> None:
+    import argparse
+
+    from sharetune_tuner import cli
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(cli._COMMANDS)

@@ -62,3 +62,19 @@ def test_code_speaks_of_the_product_not_its_history() -> None:
                 if history.search(line):
                     hits.append(f"{rel}:{n}: {line.strip()}")
     assert not hits, "say what the code does, not when or why it came to be:\n" + "\n".join(hits[:40])
+
+
+def test_no_function_of_the_product_is_over_60_lines() -> None:
+    """Small functions, one job each: the operator and the tuner runtime (benchmarks and tests are
+    not the product)."""
+    import ast
+
+    long = []
+    for top in ("operator/sharetune", "tuner-image/sharetune_tuner"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    n = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if n > 60:
+                        long.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.name} ({n} lines)")
+    assert not long, "split these:\n" + "\n".join(long)

@@ -23,6 +23,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sharetune-tuner", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
 
+    _add_gpu_and_rpc_commands(sub)
+    _add_tuning_commands(sub)
+    return p
+
+
+def _add_gpu_and_rpc_commands(sub: Any) -> None:
+    """The long-running services: the MPS daemon (and its host directory), tracker and servers."""
     m = sub.add_parser("mps-daemon", help="run the CUDA MPS control daemon")
     m.add_argument("--pipe-dir", type=Path, default=Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/mps-pipe")))
     m.add_argument("--log-dir", type=Path, default=Path(os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/tmp/mps-log")))
@@ -114,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", default=os.environ.get("HOSTNAME", "server"))
     _common(s)
 
+
+def _add_tuning_commands(sub: Any) -> None:
+    """A shard's client, the build service, the merge and the S3 clean-up."""
     c = sub.add_parser("client", help="tune one shard of the model's tasks")
     c.add_argument("--job", type=Path, required=True, help="TuningJob YAML (what local mode and pods read)")
     c.add_argument("--shard", type=int, default=int(os.environ.get("JOB_COMPLETION_INDEX", "0")))
@@ -159,7 +170,6 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--prefix", required=True, help="the job's prefix, [<prefix>/]<namespace>/<job>: every key "
                    "under <prefix>/ is deleted")
     _common(d)
-    return p
 
 
 def _status_server(port: int, health: Any = None, live: Any = None) -> Any:
@@ -197,69 +207,80 @@ def run(a: argparse.Namespace) -> int:
     from .service import setup_logging
 
     setup_logging(a.verbose)
-    if a.cmd == "tracker":
-        from .rpc import run_tracker
+    command = _COMMANDS.get(a.cmd)
+    if command is None:
+        raise AssertionError(a.cmd)
+    return command(a)
 
-        return _serve(a.metrics_port, None, lambda stop: run_tracker(a.host, a.port, stop))
-    if a.cmd == "server":
-        host, port = _split(a.tracker)
-        first, end = server_ports(a.port, a.port_end)
-        from .rpc import ServerConfig, TuningServer
 
-        server = TuningServer(ServerConfig(host, port, a.key, host=a.host, port=first, port_end=end,
-                                           thread_percentage=a.thread_percentage,
-                                           pinned_memory_limit=a.pinned_memory_limit,
-                                           custom_addr=a.advertise_addr, name=a.name,
-                                           require_mps=a.require_mps, mps_wait_s=a.mps_wait_s))
-        return _serve(a.metrics_port, server.health, server.serve)
-    if a.cmd == "mps-dir":
-        from .mps import hand_over
+def _tracker(a: argparse.Namespace) -> int:
+    from .rpc import run_tracker
 
-        try:
-            uid, gid = (int(x) for x in a.owner.split(":"))
-        except ValueError:
-            raise TunerError(f"--owner {a.owner!r} is not UID:GID: give two numbers, e.g. 1000:1000") from None
-        n = hand_over(a.dir, uid, gid)
-        print(f"{a.dir}: owned by {uid}:{gid} ({n} entries changed)", flush=True)
-        return 0
-    if a.cmd == "mps-daemon":
-        from .mps import MpsDaemon
+    return _serve(a.metrics_port, None, lambda stop: run_tracker(a.host, a.port, stop))
 
-        d = MpsDaemon(a.pipe_dir, a.log_dir, a.thread_percentage, a.pinned_memory_limit, a.control_binary,
-                      require_gpu=a.gpu_check, client_group=a.client_group)
-        if not a.publish_gpu:
-            return _serve(a.metrics_port, d.health, d.run, live=d.live)
-        from .gpu_identity import held_gpu_uuid, own_pod, publish_until_done
 
-        pod, namespace = own_pod()  # usage errors before anything starts
-        uuid = held_gpu_uuid()
+def _server(a: argparse.Namespace) -> int:
+    host, port = _split(a.tracker)
+    first, end = server_ports(a.port, a.port_end)
+    from .rpc import ServerConfig, TuningServer
 
-        def publish_and_run(stop: Any) -> int:
-            publish_until_done(uuid, pod, namespace, stop)
-            return int(d.run(stop))
+    server = TuningServer(ServerConfig(host, port, a.key, host=a.host, port=first, port_end=end,
+                                       thread_percentage=a.thread_percentage,
+                                       pinned_memory_limit=a.pinned_memory_limit,
+                                       custom_addr=a.advertise_addr, name=a.name,
+                                       require_mps=a.require_mps, mps_wait_s=a.mps_wait_s))
+    return _serve(a.metrics_port, server.health, server.serve)
 
-        return _serve(a.metrics_port, d.health, publish_and_run, live=d.live)
-    if a.cmd == "build-service":
-        from .build_protocol import AddressError
-        from .build_service import BuildService
-        from .cpus import available_cpus
 
-        try:
-            svc = BuildService(a.listen, a.workers or available_cpus(), a.timeout)
-        except (AddressError, RuntimeError) as e:  # a bad address, no key
-            raise TunerError(str(e)) from None
-        return _serve(a.metrics_port, None, svc.serve)
-    if a.cmd == "client":
-        return _client(a)
-    if a.cmd == "merge":
-        return _merge(a)
-    if a.cmd == "s3-cleanup":
-        from .store import delete_s3_prefix
+def _mps_dir(a: argparse.Namespace) -> int:
+    from .mps import hand_over
 
-        prefix, deleted = delete_s3_prefix(a.bucket, a.prefix)
-        print(json.dumps({"bucket": a.bucket, "prefix": prefix, "deleted": deleted}))
-        return 0
-    raise AssertionError(a.cmd)
+    try:
+        uid, gid = (int(x) for x in a.owner.split(":"))
+    except ValueError:
+        raise TunerError(f"--owner {a.owner!r} is not UID:GID: give two numbers, e.g. 1000:1000") from None
+    n = hand_over(a.dir, uid, gid)
+    print(f"{a.dir}: owned by {uid}:{gid} ({n} entries changed)", flush=True)
+    return 0
+
+
+def _mps_daemon(a: argparse.Namespace) -> int:
+    from .mps import MpsDaemon
+
+    d = MpsDaemon(a.pipe_dir, a.log_dir, a.thread_percentage, a.pinned_memory_limit, a.control_binary,
+                  require_gpu=a.gpu_check, client_group=a.client_group)
+    if not a.publish_gpu:
+        return _serve(a.metrics_port, d.health, d.run, live=d.live)
+    from .gpu_identity import held_gpu_uuid, own_pod, publish_until_done
+
+    pod, namespace = own_pod()  # usage errors before anything starts
+    uuid = held_gpu_uuid()
+
+    def publish_and_run(stop: Any) -> int:
+        publish_until_done(uuid, pod, namespace, stop)
+        return int(d.run(stop))
+
+    return _serve(a.metrics_port, d.health, publish_and_run, live=d.live)
+
+
+def _build_service(a: argparse.Namespace) -> int:
+    from .build_protocol import AddressError
+    from .build_service import BuildService
+    from .cpus import available_cpus
+
+    try:
+        svc = BuildService(a.listen, a.workers or available_cpus(), a.timeout)
+    except (AddressError, RuntimeError) as e:  # a bad address, no key
+        raise TunerError(str(e)) from None
+    return _serve(a.metrics_port, None, svc.serve)
+
+
+def _s3_cleanup(a: argparse.Namespace) -> int:
+    from .store import delete_s3_prefix
+
+    prefix, deleted = delete_s3_prefix(a.bucket, a.prefix)
+    print(json.dumps({"bucket": a.bucket, "prefix": prefix, "deleted": deleted}))
+    return 0
 
 
 def _client(a: argparse.Namespace) -> int:
@@ -281,25 +302,7 @@ def _client(a: argparse.Namespace) -> int:
             raise TunerError(f"--build-service: {e}") from None
     srv = _status_server(a.metrics_port)
     try:
-        sync = None
-        if a.store:
-            from sharetune.api.topology import CLIENT_LOG
-
-            from .store import open_store
-            from .sync import ShardSync
-
-            a.work_dir.mkdir(parents=True, exist_ok=True)
-            handler = logging.FileHandler(a.work_dir / CLIENT_LOG)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-            logging.getLogger().addHandler(handler)
-
-            store = open_store(a.store)
-            sink = open_store(a.progress) if a.progress else None
-            sync = ShardSync(store, sink, a.shard, a.work_dir, a.sync_interval)
-            restored = sync.restore()
-            if restored:
-                log.info("restored %d records of shard %d from %s", restored, a.shard, store.uri)
-            sync.start()
+        sync = _shard_sync(a) if a.store else None
         try:
             # Model and target are loaded once the shard can report: a bad model (corrupt ONNX,
             # unreachable URL) then reaches the job's status as this shard's failure message.
@@ -330,6 +333,29 @@ def _client(a: argparse.Namespace) -> int:
     finally:
         if srv:
             srv.stop()
+
+
+def _shard_sync(a: argparse.Namespace) -> Any:
+    """The shard's records restored from the job's store (a restarted client resumes from them),
+    then kept in sync with it; the client's log goes into the shard's folder, to travel with its
+    records."""
+    from sharetune.api.topology import CLIENT_LOG
+
+    from .store import open_store
+    from .sync import ShardSync
+
+    a.work_dir.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(a.work_dir / CLIENT_LOG)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.getLogger().addHandler(handler)
+    store = open_store(a.store)
+    sink = open_store(a.progress) if a.progress else None
+    sync = ShardSync(store, sink, a.shard, a.work_dir, a.sync_interval)
+    restored = sync.restore()
+    if restored:
+        log.info("restored %d records of shard %d from %s", restored, a.shard, store.uri)
+    sync.start()
+    return sync
 
 
 def _merge(a: argparse.Namespace) -> int:
@@ -369,6 +395,13 @@ def _merge(a: argparse.Namespace) -> int:
     print(json.dumps({"records": summary.records, "speedup": summary.speedup,
                       "latency_untuned_ms": summary.latency_untuned_ms, "latency_tuned_ms": summary.latency_tuned_ms}))
     return 0
+
+
+# Each subcommand's body, by its name (build_parser's subparsers).
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "tracker": _tracker, "server": _server, "mps-dir": _mps_dir, "mps-daemon": _mps_daemon,
+    "build-service": _build_service, "client": _client, "merge": _merge, "s3-cleanup": _s3_cleanup,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

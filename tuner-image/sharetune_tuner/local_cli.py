@@ -53,30 +53,10 @@ def run(a: argparse.Namespace) -> int:
                   + (f" under MPS at {spec.servers.thread_percentage}%" if spec.uses_mps else "")
                   + f", {spec.trials.total} trials  (logs: {workdir}/logs)")
     t0 = time.time()
-    cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"), TimeElapsedColumn()]
     try:
         lr.check_target()
         lr.start_services()
-        with Progress(*cols, console=console, transient=False) as bar:
-            total = bar.add_task("[bold]all shards", total=None, info="")
-            rows = {i: bar.add_task(f"shard {i}", total=None, info="starting") for i in range(spec.shards)}
-
-            def tick(shards: list[dict[str, Any]]) -> None:
-                done = sum(s.get("done", 0) for s in shards)
-                budget = sum(s.get("budget", 0) for s in shards)
-                bar.update(total, completed=done, total=budget or None,
-                           info=f"{_rate(shards, t0):.2f} trials/s")
-                for s in shards:
-                    best = [t["best_s"] for t in s.get("tasks", []) if t.get("best_s")]
-                    info = s.get("state", "")
-                    if best:
-                        info += f", best task {min(best) * 1e6:.1f} us"
-                    if s.get("errors"):
-                        info += f", {s['errors']} errors"
-                    bar.update(rows[s["shard"]], completed=s.get("done", 0), total=s.get("budget") or None,
-                               info=info)
-            lr.run_clients(on_tick=tick)
+        _tune_with_progress_bar(lr, spec.shards, console, t0)
         tune_s = time.time() - t0
         console.print(f"tuning done in {tune_s:.0f}s; merging and measuring ...")
         summary = lr.merge()
@@ -96,6 +76,30 @@ def run(a: argparse.Namespace) -> int:
     if a.json:
         a.json.write_text(summary.to_json())
     return 0
+
+
+def _tune_with_progress_bar(lr: Any, shards: int, console: Console, t0: float) -> None:
+    """The run's clients to their end, with a bar for all shards (trials/s) and one per shard
+    (state, best task, errors)."""
+    cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"), TimeElapsedColumn()]
+    with Progress(*cols, console=console, transient=False) as bar:
+        total = bar.add_task("[bold]all shards", total=None, info="")
+        rows = {i: bar.add_task(f"shard {i}", total=None, info="starting") for i in range(shards)}
+
+        def tick(progress: list[dict[str, Any]]) -> None:
+            done = sum(s.get("done", 0) for s in progress)
+            budget = sum(s.get("budget", 0) for s in progress)
+            bar.update(total, completed=done, total=budget or None, info=f"{_rate(progress, t0):.2f} trials/s")
+            for s in progress:
+                best = [t["best_s"] for t in s.get("tasks", []) if t.get("best_s")]
+                info = s.get("state", "")
+                if best:
+                    info += f", best task {min(best) * 1e6:.1f} us"
+                if s.get("errors"):
+                    info += f", {s['errors']} errors"
+                bar.update(rows[s["shard"]], completed=s.get("done", 0), total=s.get("budget") or None, info=info)
+        lr.run_clients(on_tick=tick)
 
 
 def _print_summary(console: Console, s: Summary, workdir: Path) -> None:

@@ -366,38 +366,11 @@ def parse_spec(name: str, spec: dict[str, Any]) -> TuningJobSpec:
         raise SpecError(f"spec: expected a mapping, got {type(spec).__name__}")
     check_fields(spec, "spec")
     m = _dict(spec, "model", "spec")
-    onnx_d = _get(m, "onnx", dict, None, "spec.model")
-    model_name = _get(m, "name", str, None, "spec.model")
-    if (model_name is None) == (onnx_d is None):
-        raise SpecError("spec.model: set exactly one of `name` (built-in model) or `onnx` (a user model)")
-    if model_name is not None and model_name not in BUILTIN_MODELS:
-        near = difflib.get_close_matches(model_name, sorted(BUILTIN_MODELS), n=1, cutoff=0.5)
-        raise SpecError(f"spec.model.name: unknown built-in model {model_name!r}; choose one of "
-                        f"{', '.join(sorted(BUILTIN_MODELS))}" + (f" (did you mean {near[0]}?)" if near else "")
-                        + ", or set spec.model.onnx for your own model")
+    model_name, onnx_d = _model_choice(m)
     pull = _get(spec, "imagePullPolicy", str, "IfNotPresent", "spec")
     if pull not in PULL_POLICIES:
         raise SpecError(f"spec.imagePullPolicy: {pull!r} is not one of {', '.join(PULL_POLICIES)}")
-    onnx_src = None
-    if onnx_d is not None:
-        cm = _get(onnx_d, "configMap", dict, None, "spec.model.onnx")
-        pvc = _get(onnx_d, "pvc", dict, None, "spec.model.onnx")
-        onnx_src = OnnxSource(
-            path=_get(onnx_d, "path", str, None, "spec.model.onnx"),
-            url=_get(onnx_d, "url", str, None, "spec.model.onnx"),
-            config_map=cm and _get(cm, "name", str, None, "spec.model.onnx.configMap"),
-            config_map_key=(cm and _get(cm, "key", str, None, "spec.model.onnx.configMap")) or "model.onnx",
-            pvc=pvc and _get(pvc, "claimName", str, None, "spec.model.onnx.pvc"),
-            pvc_path=pvc and _get(pvc, "path", str, None, "spec.model.onnx.pvc"),
-        )
-        sources = [s for s in (onnx_src.path, onnx_src.url, onnx_src.config_map, onnx_src.pvc) if s]
-        if len(sources) != 1:
-            raise SpecError("spec.model.onnx: set exactly one of path, url, configMap, pvc")
-    shape = _get(m, "inputShape", list, None, "spec.model")
-    if shape is not None:
-        if not shape or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 65536 for x in shape):
-            raise SpecError(f"spec.model.inputShape: expected a list of positive integers, got {shape!r}")
-        shape = tuple(shape)
+    model = ModelSpec(name=model_name, onnx=_onnx_source(onnx_d), input_shape=_input_shape(m))
     image = _get(spec, "image", str, None, "spec")
     if image is not None and (len(image) > 512 or not _IMAGE.match(image)):
         raise SpecError(f"spec.image: {image[:80]!r} is not an image reference: use [registry/]path[:tag][@digest] "
@@ -412,6 +385,73 @@ def parse_spec(name: str, spec: dict[str, Any]) -> TuningJobSpec:
         per_iteration=_int_in(t, "perIteration", 8, 1, 4096, "spec.trials"),
     )
     s = _dict(spec, "servers", "spec")
+    c = _dict(spec, "clients", "spec")
+    g = _dict(spec, "gpuSharing", "spec")
+    sharing, servers = parse_sharing(g, s, _servers(s))
+    cost = _get(spec, "costModel", str, "xgb", "spec")
+    if cost not in COST_MODELS:
+        raise SpecError(f"spec.costModel: {cost!r} is not one of {', '.join(COST_MODELS)}")
+    workers = _get(c, "builderWorkers", int, None, "spec.clients")
+    if workers is not None and not 1 <= workers <= 512:
+        raise SpecError(f"spec.clients.builderWorkers: {workers} is outside [1, 512]")
+    return TuningJobSpec(
+        name=name, model=model, target=target, trials=trials, servers=servers,
+        shards=min(_int_in(c, "shards", 2, 1, 1024, "spec.clients"), trials.max_tuned_tasks),
+        mps=bool(_get(g, "mps", bool, True, "spec.gpuSharing")),
+        gpus=_int_in(g, "gpus", 1, 1, 16, "spec.gpuSharing"),
+        cost_model=cost, seed=_int_in(spec, "seed", 0, 0, 2**31 - 1, "spec"),
+        builder_workers=workers,
+        backoff_limit_per_index=_int_in(c, "backoffLimitPerIndex", 3, 0, 100, "spec.clients"),
+        output=_output(_dict(spec, "output", "spec")), builders=parse_builders(spec), sharing=sharing,
+        image_pull_policy=pull, ttl_seconds_after_finished=ttl_of(spec),
+        raw=spec,
+    )
+
+
+def _model_choice(m: dict[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
+    """``spec.model``: a built-in name or an ``onnx`` source, exactly one."""
+    onnx_d = _get(m, "onnx", dict, None, "spec.model")
+    model_name = _get(m, "name", str, None, "spec.model")
+    if (model_name is None) == (onnx_d is None):
+        raise SpecError("spec.model: set exactly one of `name` (built-in model) or `onnx` (a user model)")
+    if model_name is not None and model_name not in BUILTIN_MODELS:
+        near = difflib.get_close_matches(model_name, sorted(BUILTIN_MODELS), n=1, cutoff=0.5)
+        raise SpecError(f"spec.model.name: unknown built-in model {model_name!r}; choose one of "
+                        f"{', '.join(sorted(BUILTIN_MODELS))}" + (f" (did you mean {near[0]}?)" if near else "")
+                        + ", or set spec.model.onnx for your own model")
+    return model_name, onnx_d
+
+
+def _onnx_source(onnx_d: dict[str, Any] | None) -> OnnxSource | None:
+    """``spec.model.onnx``: exactly one of path, url, configMap, pvc."""
+    if onnx_d is None:
+        return None
+    cm = _get(onnx_d, "configMap", dict, None, "spec.model.onnx")
+    pvc = _get(onnx_d, "pvc", dict, None, "spec.model.onnx")
+    src = OnnxSource(
+        path=_get(onnx_d, "path", str, None, "spec.model.onnx"),
+        url=_get(onnx_d, "url", str, None, "spec.model.onnx"),
+        config_map=cm and _get(cm, "name", str, None, "spec.model.onnx.configMap"),
+        config_map_key=(cm and _get(cm, "key", str, None, "spec.model.onnx.configMap")) or "model.onnx",
+        pvc=pvc and _get(pvc, "claimName", str, None, "spec.model.onnx.pvc"),
+        pvc_path=pvc and _get(pvc, "path", str, None, "spec.model.onnx.pvc"),
+    )
+    if len([x for x in (src.path, src.url, src.config_map, src.pvc) if x]) != 1:
+        raise SpecError("spec.model.onnx: set exactly one of path, url, configMap, pvc")
+    return src
+
+
+def _input_shape(m: dict[str, Any]) -> tuple[int, ...] | None:
+    shape = _get(m, "inputShape", list, None, "spec.model")
+    if shape is None:
+        return None
+    if not shape or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 65536 for x in shape):
+        raise SpecError(f"spec.model.inputShape: expected a list of positive integers, got {shape!r}")
+    return tuple(shape)
+
+
+def _servers(s: dict[str, Any]) -> ServerSpec:
+    """``spec.servers`` before the sharing mode adjusts it (:func:`parse_sharing`)."""
     pinned = _get(s, "pinnedMemoryLimit", str, None, "spec.servers")
     if pinned is not None and not _QUANTITY.match(pinned):
         raise SpecError(f"spec.servers.pinnedMemoryLimit: {pinned!r} is not a size like 4G or 512M")
@@ -422,22 +462,12 @@ def parse_spec(name: str, spec: dict[str, Any]) -> TuningJobSpec:
         thread_pct = tuning_pct_for(serving)
     else:
         thread_pct = _int_in(s, "threadPercentage", 100, 1, 100, "spec.servers")
-    servers = ServerSpec(
-        replicas=_int_in(s, "replicas", 2, 1, 64, "spec.servers"),
-        thread_percentage=thread_pct,
-        pinned_memory_limit=pinned,
-        serving_percentage=serving,
-    )
-    c = _dict(spec, "clients", "spec")
-    g = _dict(spec, "gpuSharing", "spec")
-    sharing, servers = parse_sharing(g, s, servers)
-    cost = _get(spec, "costModel", str, "xgb", "spec")
-    if cost not in COST_MODELS:
-        raise SpecError(f"spec.costModel: {cost!r} is not one of {', '.join(COST_MODELS)}")
-    workers = _get(c, "builderWorkers", int, None, "spec.clients")
-    if workers is not None and not 1 <= workers <= 512:
-        raise SpecError(f"spec.clients.builderWorkers: {workers} is outside [1, 512]")
-    o = _dict(spec, "output", "spec")
+    return ServerSpec(replicas=_int_in(s, "replicas", 2, 1, 64, "spec.servers"), thread_percentage=thread_pct,
+                      pinned_memory_limit=pinned, serving_percentage=serving)
+
+
+def _output(o: dict[str, Any]) -> OutputSpec:
+    """``spec.output``: the job's ConfigMap (the default) or S3, at most one."""
     s3d = _get(o, "s3", dict, None, "spec.output")
     s3 = None
     if s3d is not None:
@@ -456,20 +486,28 @@ def parse_spec(name: str, spec: dict[str, Any]) -> TuningJobSpec:
     cmd = _get(o, "configMap", dict, None, "spec.output")
     if s3 is not None and cmd is not None:
         raise SpecError("spec.output: set at most one of configMap or s3")
-    output = OutputSpec(config_map=cmd and _get(cmd, "name", str, None, "spec.output.configMap"), s3=s3)
-    return TuningJobSpec(
-        name=name, model=ModelSpec(name=model_name, onnx=onnx_src, input_shape=shape),
-        target=target, trials=trials, servers=servers,
-        shards=min(_int_in(c, "shards", 2, 1, 1024, "spec.clients"), trials.max_tuned_tasks),
-        mps=bool(_get(g, "mps", bool, True, "spec.gpuSharing")),
-        gpus=_int_in(g, "gpus", 1, 1, 16, "spec.gpuSharing"),
-        cost_model=cost, seed=_int_in(spec, "seed", 0, 0, 2**31 - 1, "spec"),
-        builder_workers=workers,
-        backoff_limit_per_index=_int_in(c, "backoffLimitPerIndex", 3, 0, 100, "spec.clients"),
-        output=output, builders=parse_builders(spec), sharing=sharing, image_pull_policy=pull,
-        ttl_seconds_after_finished=ttl_of(spec),
-        raw=spec,
-    )
+    return OutputSpec(config_map=cmd and _get(cmd, "name", str, None, "spec.output.configMap"), s3=s3)
+
+
+def _pinned_budget(pinned: str | None, servers: ServerSpec) -> tuple[str | None, ServerSpec]:
+    """spec.gpuSharing.pinnedMemory against the servers' pinnedMemoryLimit: a budget without a
+    limit is split evenly between the servers; a limit without a budget books their sum."""
+    replicas = servers.replicas
+    if pinned is None:
+        if servers.pinned_memory_limit is None:
+            return None, servers
+        return f"{replicas * quantity_mib(servers.pinned_memory_limit)}M", servers
+    budget = quantity_mib(pinned)
+    if servers.pinned_memory_limit is None:
+        if budget // replicas < 1:
+            raise SpecError(f"spec.gpuSharing.pinnedMemory: {pinned} is less than 1M per server for {replicas} servers")
+        return pinned, ServerSpec(replicas, servers.thread_percentage, f"{budget // replicas}M",
+                                  servers.serving_percentage)
+    if replicas * quantity_mib(servers.pinned_memory_limit) > budget:
+        raise SpecError(f"spec.servers.pinnedMemoryLimit: {replicas} servers x {servers.pinned_memory_limit} is "
+                        f"more than spec.gpuSharing.pinnedMemory {pinned}; lower pinnedMemoryLimit (or leave it out: "
+                        "pinnedMemory / replicas) or raise pinnedMemory")
+    return pinned, servers
 
 
 def parse_sharing(g: dict[str, Any], s: dict[str, Any], servers: ServerSpec) -> tuple[GpuSharing, ServerSpec]:
@@ -522,19 +560,7 @@ def parse_sharing(g: dict[str, Any], s: dict[str, Any], servers: ServerSpec) -> 
     else:
         # No share asked for: book what the servers can take together (a whole GPU by default).
         share = min(100, replicas * servers.thread_percentage)
-    if pinned is not None:
-        budget = quantity_mib(pinned)
-        if servers.pinned_memory_limit is None:
-            if budget // replicas < 1:
-                raise SpecError(f"{where}.pinnedMemory: {pinned} is less than 1M per server for {replicas} servers")
-            servers = ServerSpec(replicas, servers.thread_percentage, f"{budget // replicas}M",
-                                 servers.serving_percentage)
-        elif replicas * quantity_mib(servers.pinned_memory_limit) > budget:
-            raise SpecError(f"spec.servers.pinnedMemoryLimit: {replicas} servers x {servers.pinned_memory_limit} is "
-                            f"more than {where}.pinnedMemory {pinned}; lower pinnedMemoryLimit (or leave it out: "
-                            "pinnedMemory / replicas) or raise pinnedMemory")
-    elif servers.pinned_memory_limit is not None:
-        pinned = f"{replicas * quantity_mib(servers.pinned_memory_limit)}M"
+    pinned, servers = _pinned_budget(pinned, servers)
     return GpuSharing(mode=mode, share=share, share_explicit=has_share, pinned_memory=pinned,
                       device_plugin_resource=resource), servers
 
