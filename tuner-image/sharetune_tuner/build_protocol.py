@@ -20,11 +20,11 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from pathlib import Path
 from typing import Any
 
-from sharetune.api.topology import BUILD_AUTHKEY_FILE_ENV
+from sharetune.api.topology import BUILD_AUTHKEY_ENV, BUILD_AUTHKEY_FILE_ENV, BUILD_DIR_ENV
 
-AUTHKEY_ENV = "SHARETUNE_BUILD_AUTHKEY"  # the key itself (local mode: set by the run)
+AUTHKEY_ENV = BUILD_AUTHKEY_ENV  # the key itself (local mode: set by the run)
 AUTHKEY_FILE_ENV = BUILD_AUTHKEY_FILE_ENV  # or a file that holds it (pods: the job's Secret, mounted)
-ARTIFACT_DIR_ENV = "SHARETUNE_BUILD_DIR"  # where built candidates go (builder.export_shared); unset: /tmp
+ARTIFACT_DIR_ENV = BUILD_DIR_ENV  # where built candidates go (builder.export_shared); unset: /tmp
 
 # One candidate as it travels: (IRModule, Target, serialized params or None).
 Item = tuple[Any, Any, Any]

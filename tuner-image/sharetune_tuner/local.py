@@ -27,13 +27,21 @@ from sharetune.api.gpuenv import NO_MULTICAST
 from sharetune.api.progress import Progress
 from sharetune.api.spec import API_GROUP, API_VERSION, KIND, TuningJobSpec
 from sharetune.api.summary import Summary
-from sharetune.api.topology import LOCAL_JOB_FILE, PROGRESS_FILE, SUMMARY_FILE, TENANT_ENV, gpu_groups, in_group
+from sharetune.api.topology import (
+    BUILD_AUTHKEY_ENV,
+    BUILD_DIR_ENV,
+    LOCAL_JOB_FILE,
+    MPS_READY_FILE,
+    PROGRESS_FILE,
+    SUMMARY_FILE,
+    TENANT_ENV,
+    gpu_groups,
+    in_group,
+)
 from sharetune.driver import Verdict, client_exit, shard_clamp
 from sharetune.procs import ProcessGroup, free_port
 
-from .build_protocol import ARTIFACT_DIR_ENV, AUTHKEY_ENV
 from .model_source import prepare_local_model
-from .mps import READY
 from .targets import cuda_arch
 
 
@@ -118,8 +126,8 @@ class LocalRun:
 
     # ---- processes ---------------------------------------------------------------------------
     def _base_env(self) -> dict[str, str]:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **NO_MULTICAST, AUTHKEY_ENV: self.build_authkey,
-               ARTIFACT_DIR_ENV: str(self.scratch / "artifacts"), **self.model_env,
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **NO_MULTICAST, BUILD_AUTHKEY_ENV: self.build_authkey,
+               BUILD_DIR_ENV: str(self.scratch / "artifacts"), **self.model_env,
                TENANT_ENV: self.spec.name}  # this job on a shared GPU's tenant list (measure_window.py)
         if self.spec.uses_mps:  # the first GPU's daemon: the merge measures there
             env.update(self.mps_env(self.gpu_groups()[0]))
@@ -195,7 +203,7 @@ class LocalRun:
                     self.spec, str(self.mps_dir(g) / "pipe"), str(self.mps_dir(g) / "log")), self.daemon_env(g))
             # Servers started before the daemon answers would run without MPS.
             daemons = [p for p in self.procs if p.name.startswith("mps-daemon")]
-            _wait_until(lambda: all((self.mps_dir(g) / "pipe" / READY).exists() for g in groups)
+            _wait_until(lambda: all((self.mps_dir(g) / "pipe" / MPS_READY_FILE).exists() for g in groups)
                         or any(d.poll() is not None for d in daemons), 15.0)
             for d in daemons:  # no silent fallback to servers without MPS
                 if d.poll() is not None:

@@ -23,11 +23,10 @@ from sharetune.admission import Gpu, GpuId, JobKey, Ledger, Placement, Policy, R
 from sharetune.api import commands
 from sharetune.api.spec import TuningJobSpec
 from sharetune.api.summary import Summary
-from sharetune.api.topology import gpu_groups
+from sharetune.api.topology import MPS_READY_FILE, gpu_groups
 from sharetune.procs import ProcessGroup
 
 from .local import LocalRun, _wait_until
-from .mps import READY
 
 NODE = "local"  # the ledger's node name for this machine's GPUs
 
@@ -108,14 +107,14 @@ class LocalPool:
             return d
         (d / "pipe").mkdir(parents=True, exist_ok=True)
         (d / "log").mkdir(parents=True, exist_ok=True)
-        (d / "pipe" / READY).unlink(missing_ok=True)
+        (d / "pipe" / MPS_READY_FILE).unlink(missing_ok=True)
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(index), "CUDA_MPS_PIPE_DIRECTORY": str(d / "pipe"),
                "CUDA_MPS_LOG_DIRECTORY": str(d / "log"), "PYTHONUNBUFFERED": "1"}
         daemon = ProcessGroup(f"pool-gpu{index}", [sys.executable, "-m", "sharetune_tuner.cli",
                                                    *commands.pool_daemon(str(d / "pipe"), str(d / "log"))],
                               self.root / f"pool-gpu{index}.log", env).start()
         self.daemons[index] = daemon
-        _wait_until(lambda: (d / "pipe" / READY).exists() or daemon.poll() is not None, 15.0)
+        _wait_until(lambda: (d / "pipe" / MPS_READY_FILE).exists() or daemon.poll() is not None, 15.0)
         if daemon.poll() is not None:
             raise RuntimeError(f"the MPS daemon of GPU {index} exited with {daemon.poll()}:\n{daemon.tail()}")
         return d

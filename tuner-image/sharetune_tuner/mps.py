@@ -26,13 +26,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sharetune.api.topology import MPS_READY_FILE
+
 from . import measure_window, metrics
 from .errors import MpsError
 
 log = logging.getLogger("sharetune.mps")
 
 
-READY = "sharetune-ready"  # in the pipe directory: the daemon answers and has its defaults
+READY = MPS_READY_FILE  # in the pipe directory: the daemon answers and has its defaults
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 # Readiness: the control pipe answered within this (the supervisor asks every 2 s).
 ANSWER_FRESH_S = 10.0

@@ -28,6 +28,9 @@ BUILD_PORT = 9192  # the builder pods' build service (spec.builders; docs/build-
 BUILD_KEY_DIR = "/etc/sharetune/build-key"  # the job's build key Secret, mounted read-only
 BUILD_KEY_FILE = "authkey"  # its key and file name
 BUILD_AUTHKEY_FILE_ENV = "SHARETUNE_BUILD_AUTHKEY_FILE"  # tells the tuner where the key file is
+BUILD_AUTHKEY_ENV = "SHARETUNE_BUILD_AUTHKEY"  # or the key itself (local mode: set by the run)
+BUILD_DIR_ENV = "SHARETUNE_BUILD_DIR"  # where built candidates go (builder.export_shared); unset: /tmp
+MPS_READY_FILE = "sharetune-ready"  # in an MPS pipe directory: its daemon answers and has its defaults
 
 # ---- a shard's files (the client's work dir; what the store keeps of a shard) ------------------
 WORKLOADS_FILE = "database_workload.json"  # MetaSchedule JSONDatabase: one line per workload
