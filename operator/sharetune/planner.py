@@ -570,12 +570,20 @@ def _progress_uri(job: JobRef, spec: TuningJobSpec) -> str | None:
 
 
 def plan_clients(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE,
-                 requests: Mapping[str, Mapping[str, str]] | None = None, gpu: str | None = None) -> dict[str, Any]:
+                 requests: Mapping[str, Mapping[str, str]] | None = None, gpu: str | None = None,
+                 sharing: Sharing | None = None) -> dict[str, Any]:
     """The clients' Indexed Job of a job whose GPU is a daemon's (:func:`pins_gpu`), created once
-    the first GPU group's daemon has published ``gpu``: the one GPU its clients see. A client
-    reads that GPU's architecture through NVML and loads the CUDA driver library so that TVM emits
-    cubins; it creates no CUDA context. Other jobs' clients come with :func:`plan`."""
-    return with_default_requests([_clients(job, spec, spec.raw.get("image") or image, gpu)], requests)[0]
+    the first GPU group's daemon has published ``gpu``: the one GPU its clients see, so they run
+    on that GPU's node (a UUID means nothing to another node's runtime), as its servers do. A
+    client reads that GPU's architecture through NVML and loads the CUDA driver library so that
+    TVM emits cubins; it creates no CUDA context. Other jobs' clients come with :func:`plan`."""
+    clients = _clients(job, spec, spec.raw.get("image") or image, gpu)
+    pod = clients["spec"]["template"]["spec"]
+    if _mode(spec, sharing) == POOL:
+        pod["nodeSelector"] = _pool_client_parts(job, spec, sharing, None, gpu)[3]["nodeSelector"]
+    elif gpu is not None:
+        pod["affinity"] = _follow_daemon(job, gpu_groups(spec)[0])
+    return with_default_requests([clients], requests)[0]
 
 
 def _clients(job: JobRef, spec: TuningJobSpec, image: str, gpu: str | None = None) -> dict[str, Any]:

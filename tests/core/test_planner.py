@@ -116,6 +116,8 @@ def test_mps_job_daemon_servers_and_security() -> None:
     clients = plan_clients(JOB, s, gpu=uuid)
     assert clients["kind"] == "Job" and clients["metadata"]["name"] == "tj-clients"
     assert {e["name"]: e.get("value") for e in containers(clients)[0]["env"]}["NVIDIA_VISIBLE_DEVICES"] == uuid
+    # on the daemon's node: another node's runtime knows no such GPU
+    assert pod_spec(clients)["affinity"] == pod_spec(srv)["affinity"]
     assert "resources" not in sc or "nvidia.com/gpu" not in str(sc["resources"])
     term = pod_spec(srv)["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
     assert term["topologyKey"] == "kubernetes.io/hostname"
@@ -696,3 +698,15 @@ def test_no_pod_of_any_mode_sees_every_gpu_of_its_node() -> None:
                                         and "nomps" not in obj["metadata"]["name"])
                     want = PUBLISHED_GPU if pinned else None if granted or needs_driver else "void"
                     assert seen == want, (mode, obj["metadata"]["name"], c["name"], seen)
+
+
+def test_a_pool_jobs_clients_run_on_their_gpus_node() -> None:
+    from sharetune.admission import GpuId, Placement
+    from sharetune.sharing import Sharing
+
+    s = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda", "gpuSharing": {"share": 50}})
+    placed = Sharing("pool", Placement((GpuId("gpu-b", 1),), 50))
+    clients = plan_clients(JOB, s, gpu="GPU-b1", sharing=placed)
+    assert pod_spec(clients)["nodeSelector"] == {"kubernetes.io/hostname": "gpu-b"}
+    env = {e["name"]: e.get("value") for e in containers(clients)[0]["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "GPU-b1" and "CUDA_MPS_PIPE_DIRECTORY" not in env  # no MPS client

@@ -277,7 +277,7 @@ def start_clients(ctx: Context, job: JobRef, s: TuningJobSpec, sharing: Sharing 
     # this tick's pins over the stored ones (a replaced daemon's key is None here: not pinned)
     pins = {**(status.get("serversGpuByGroup") or {}), **(patch.status.get("serversGpuByGroup") or {})}
     uuid = pins.get(_group_key(gpu_groups(s)[0]))
-    if uuid and kube.create(ctx.api, plan_clients(job, s, ctx.image, ctx.requests, uuid)):
+    if uuid and kube.create(ctx.api, plan_clients(job, s, ctx.image, ctx.requests, uuid, sharing)):
         metrics.CHILDREN.labels("Job").inc()
 
 
