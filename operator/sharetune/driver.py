@@ -66,7 +66,8 @@ def shard_clamp(spec_shards: int, shards: Sequence[ShardReport], asked: int | No
 class Verdict(Enum):
     DONE = "done"  # exited 0: the shard is tuned
     RESTART = "restart"  # a crash or transient fault: again, from the shard's records
-    FAIL = "fail"  # a user error, or too many attempts: the job fails with it
+    FAIL = "fail"  # a user error a retry cannot fix: the job fails with it, at once
+    GIVE_UP = "give-up"  # a crash or fault again, with no attempt left: the job fails
 
 
 def client_exit(rc: int, attempts: int, max_attempts: int, one_machine: bool = False) -> Verdict:
@@ -78,4 +79,4 @@ def client_exit(rc: int, attempts: int, max_attempts: int, one_machine: bool = F
         return Verdict.DONE
     if rc in (NOT_RESTARTED_LOCALLY if one_machine else PERMANENT):
         return Verdict.FAIL
-    return Verdict.RESTART if attempts < max_attempts else Verdict.FAIL
+    return Verdict.RESTART if attempts < max_attempts else Verdict.GIVE_UP

@@ -26,7 +26,7 @@ def test_the_clamp_reads_a_client_progress_and_the_operator_view_alike() -> None
 def test_a_client_exit_is_done_retried_or_final() -> None:
     assert client_exit(0, 1, 4) is Verdict.DONE
     assert client_exit(1, 1, 4) is Verdict.RESTART and client_exit(-9, 3, 4) is Verdict.RESTART  # crash, kill
-    assert client_exit(1, 4, 4) is Verdict.FAIL  # attempts used up
+    assert client_exit(1, 4, 4) is Verdict.GIVE_UP  # attempts used up
     assert client_exit(ExitCode.MODEL, 1, 4) is Verdict.FAIL  # a user error: a retry cannot fix it
     # no GPU here: final on this machine, retried on a cluster (the next pod may land elsewhere)
     assert client_exit(ExitCode.TARGET, 1, 4, one_machine=True) is Verdict.FAIL

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from sharetune.api import commands
-from sharetune.api.exitcodes import NOT_RESTARTED_LOCALLY, ExitCode, passed_on
+from sharetune.api.exitcodes import ExitCode, passed_on
 from sharetune.api.gpuenv import NO_MULTICAST
 from sharetune.api.progress import Progress
 from sharetune.api.spec import API_GROUP, API_VERSION, KIND, TuningJobSpec
@@ -276,9 +276,11 @@ class LocalRun:
         running = set(clients)
         while running and not self.stopping:
             time.sleep(poll_s)
-            self._clamp(self._shards(), clients, running)
+            shards = self._shards()
+            if self._clamp(shards, clients, running):
+                shards = self._shards()  # the stopped shards now read "clamped"
             if on_tick:
-                on_tick(self.progress())
+                on_tick([asdict(p) for p in shards])
             for i in sorted(running):
                 if self.stopping:
                     return
@@ -292,7 +294,7 @@ class LocalRun:
                     restarted = self.start_client(i)  # resumes from its records
                     restarted.restarts = clients[i].restarts + 1
                     clients[i] = restarted
-                elif rc in NOT_RESTARTED_LOCALLY:  # a bad spec, model or output, no GPU: a restart cannot fix it
+                elif verdict is Verdict.FAIL:  # a bad spec, model or output, no GPU: a restart cannot fix it
                     raise RunFailed(f"client {i} failed ({ExitCode(rc).name.lower()} error, not retried):\n"
                                     f"{clients[i].tail(5)}", rc)
                 else:
@@ -301,20 +303,22 @@ class LocalRun:
         if on_tick:
             on_tick(self.progress())
 
-    def _clamp(self, shards: list[Progress], clients: dict[int, ProcessGroup], running: set[int]) -> None:
+    def _clamp(self, shards: list[Progress], clients: dict[int, ProcessGroup], running: set[int]) -> bool:
         """What the operator does with the clients' Job: once a client has reported how many shards
-        have a task, the clients of the others stop; they hold no task, so no record is lost."""
+        have a task, the clients of the others stop; they hold no task, so no record is lost.
+        Whether it clamped now."""
         if self.clamped_to is not None:
-            return
+            return False
         clamp = shard_clamp(self.spec.shards, shards, self.spec.shards_asked)
         if clamp is None:
-            return
+            return False
         self.clamped_to = clamp.shards
         for i in sorted(running):
             if i >= clamp.shards:
                 clients[i].stop()
                 running.discard(i)
         print(clamp.message, flush=True)
+        return True
 
     def merge(self) -> Summary:
         out = self.workdir / "result"

@@ -216,11 +216,11 @@ def deliver(winners: int, untuned_s: float, tuned_s: float | None) -> bool:
     return winners > 0 and tuned_s is not None and faster(tuned_s, untuned_s)
 
 
-def _task_summaries(spec: TuningJobSpec, model: Any, target: Any, records_dir: Path,
+def _task_summaries(spec: TuningJobSpec, model: Any, target: Any, stats: records.RecordStats,
                     verdicts: dict[str, dict[str, Any]]) -> list[TaskSummary]:
-    """Every task of the model, heaviest first: its budget, trials and best record, and what the
-    merge found against TVM's default schedule (``verdicts`` by workload)."""
-    stats = records.stats(records_dir)
+    """Every task of the model, heaviest first: its budget, trials and best record (``stats`` of
+    the merged records), and what the merge found against TVM's default schedule (``verdicts`` by
+    workload)."""
     extracted = extract(model.mod, target)
     budget = budgets([t.info for t in extracted], spec.trials.total, spec.trials.per_task,
                      useful_minimum(spec.trials.per_task, spec.trials.per_iteration))
@@ -301,8 +301,8 @@ def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> 
     delivered = tuned if improved else untuned
     lat_delivered = lat_tuned if improved and lat_tuned is not None else lat_untuned
 
-    tasks = _task_summaries(spec, model, target, out / "records", verdicts)
     stats = records.stats(out / "records")
+    tasks = _task_summaries(spec, model, target, stats, verdicts)
     summary = Summary(
         job=spec.name, model=model.name, input_shape=list(model.input_shape), target=spec.target,
         shards=len(shard_dirs), records=counts["records_out"], failed_trials=stats.failed,
