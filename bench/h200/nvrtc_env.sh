@@ -7,9 +7,8 @@
 # TVM looks for headers under $CUDA_PATH/include and $CUDA_PATH/targets/<triple>/include/cccl,
 # which the pip layout lacks, so a small CUDA_PATH of links stands in.
 # The driver library: TVM compiles kernels to cubins only when its CUDA runtime plugin
-# (libtvm_runtime_cuda.so) loads, and that links libcuda.so.1; without it codegen keeps the CUDA
-# source and the GPU machine would compile every kernel when it loads the model. A stub libcuda
-# whose every function fails (no device) lets the plugin load; nothing here runs a kernel.
+# (libtvm_runtime_cuda.so) loads, and that links libcuda.so.1: the tuner image's stand-in
+# (tuner-image/nocuda-stub.sh) lets the plugin load; nothing here runs a kernel.
 _cache=${XDG_CACHE_HOME:-$HOME/.cache}/sharetune-nvrtc/13.0
 _py=${PYTHON:-$(git rev-parse --show-toplevel)/.venv/bin/python}
 if [ ! -f "$_cache/ok" ]; then
@@ -19,14 +18,11 @@ if [ ! -f "$_cache/ok" ]; then
   mkdir -p "$_cache/cuda/targets/x86_64-linux"
   ln -sfn "$_cache/site/nvidia/cu13/include" "$_cache/cuda/include"
   ln -sfn "$_cache/site/nvidia/cu13/include" "$_cache/cuda/targets/x86_64-linux/include"
-  _rt=$("$_py" -c 'import os, tvm; print(os.path.join(os.path.dirname(tvm.__file__), "lib", "libtvm_runtime_cuda.so"))')
-  mkdir -p "$_cache/stub"
-  nm -D --undefined-only "$_rt" | awk '$2 ~ /^cu[A-Z]/ {print "int " $2 "(void) { return 100; }"}' > "$_cache/stub/cuda.c"
-  cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$_cache/stub/libcuda.so.1" "$_cache/stub/cuda.c" || return 1
+  sh "$(git rev-parse --show-toplevel)/tuner-image/nocuda-stub.sh" "$_cache/stub" "$_py" || return 1
   touch "$_cache/ok"
 fi
 export CUDA_PATH=$_cache/cuda PYTHONPATH=$_cache/site${PYTHONPATH:+:$PYTHONPATH}
 export LD_LIBRARY_PATH=$_cache/site/nvidia/cu13/lib:$_cache/stub${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # The H200's arch (make_target reads it from the GPU where there is one): Hopper's 'a' variant.
 export SHARETUNE_CUDA_ARCH=${SHARETUNE_CUDA_ARCH:-sm_90a}
-unset _cache _py _rt
+unset _cache _py

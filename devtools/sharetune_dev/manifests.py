@@ -64,7 +64,7 @@ def _job_objects(name: str, body: dict[str, Any], sharing: Any = None) -> list[d
     job, spec = _job(name), _spec(name, body)
     pinned = pins_gpu(spec, sharing)
     return [*plan(job, spec, sharing=sharing, daemon_priority_class=DAEMON_PRIORITY_CLASS),
-            *([plan_clients(job, spec, gpu=PUBLISHED_GPU, sharing=sharing)] if pinned else []),
+            *([plan_clients(job, spec)] if pinned else []),
             plan_merge(job, spec, sharing=sharing, gpu=PUBLISHED_GPU if pinned else None)]
 
 

@@ -16,8 +16,9 @@ Privileges, kept minimal and stated:
   daemon onto its node (pod affinity) and see exactly the daemon's GPU: the daemon reads its UUID
   through NVML and writes it on its own pod (``GPU_UUID_ANNOTATION``; its ServiceAccount may get
   and patch that pod only), and the servers run (replicas above 0) only once the operator has put
-  that UUID in their ``NVIDIA_VISIBLE_DEVICES`` (:func:`pin_servers_patch`). The clients' Job is
-  created only then, seeing that one GPU too (:func:`plan_clients`). Never ``all``.
+  that UUID in their ``NVIDIA_VISIBLE_DEVICES`` (:func:`pin_servers_patch`); the clients' Job is
+  created only then (:func:`plan_clients`). Never ``all``: pods that need no GPU (tracker, clients,
+  builders, the S3 clean-up) ask for ``void``.
 - Daemons run at the chart's daemon priority (``daemon_priority_class``, a PriorityClass the chart
   creates by default): a daemon that is preempted or evicted ends the CUDA context of every server
   under it, so it must not be among the first to go. A GPU pool's daemon, shared by several jobs,
@@ -45,7 +46,7 @@ import yaml
 from .admission import GpuId
 from .api import commands
 from .api.exitcodes import PERMANENT
-from .api.gpuenv import GPU_UUID_ANNOTATION, NO_GPU_DEVICES, NO_MULTICAST
+from .api.gpuenv import GPU_UUID_ANNOTATION, NO_DRIVER_LIB_DIR, NO_GPU_DEVICES, NO_MULTICAST
 from .api.spec import API_GROUP, API_VERSION, KIND, TuningJobSpec
 from .api.topology import (
     BUILD_AUTHKEY_FILE_ENV,
@@ -152,6 +153,16 @@ NO_MULTICAST_ENV = [{"name": k, "value": v} for k, v in NO_MULTICAST.items()]
 # The NVIDIA container runtime mounts no GPU into a container asking for "void" (CUDA base
 # images default to "all": every GPU of the node, around the device plugin's accounting).
 NO_GPU = {"name": "NVIDIA_VISIBLE_DEVICES", "value": NO_GPU_DEVICES}
+
+
+def _builds_without_gpu(spec: TuningJobSpec) -> list[dict[str, Any]]:
+    """The env of a pod that builds kernels but sees no GPU (clients, builders): a cuda job's gets
+    the image's stand-in driver library, with which TVM still emits cubins (its CUDA plugin links
+    libcuda, which the runtime mounts only where a GPU is seen). Its clients learn the GPU's arch
+    from the job's servers (sharetune_tuner.targets)."""
+    if spec.target != "cuda":
+        return [dict(NO_GPU)]
+    return [dict(NO_GPU), {"name": "LD_LIBRARY_PATH", "value": NO_DRIVER_LIB_DIR}]
 
 
 def _without_gpus(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -570,23 +581,15 @@ def _progress_uri(job: JobRef, spec: TuningJobSpec) -> str | None:
 
 
 def plan_clients(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE,
-                 requests: Mapping[str, Mapping[str, str]] | None = None, gpu: str | None = None,
-                 sharing: Sharing | None = None) -> dict[str, Any]:
+                 requests: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Any]:
     """The clients' Indexed Job of a job whose GPU is a daemon's (:func:`pins_gpu`), created once
-    the first GPU group's daemon has published ``gpu``: the one GPU its clients see, so they run
-    on that GPU's node (a UUID means nothing to another node's runtime), as its servers do. A
-    client reads that GPU's architecture through NVML and loads the CUDA driver library so that
-    TVM emits cubins; it creates no CUDA context. Other jobs' clients come with :func:`plan`."""
-    clients = _clients(job, spec, spec.raw.get("image") or image, gpu)
-    pod = clients["spec"]["template"]["spec"]
-    if _mode(spec, sharing) == POOL:
-        pod["nodeSelector"] = _pool_client_parts(job, spec, sharing, None, gpu)[3]["nodeSelector"]
-    elif gpu is not None:
-        pod["affinity"] = _follow_daemon(job, gpu_groups(spec)[0])
-    return with_default_requests([clients], requests)[0]
+    the first GPU group's daemon has published its GPU: before that no server can run (a pool job
+    may wait long for its share) and a client would only wait for one. Clients see no GPU and
+    may run on any node. Other jobs' clients come with :func:`plan`."""
+    return with_default_requests([_clients(job, spec, spec.raw.get("image") or image)], requests)[0]
 
 
-def _clients(job: JobRef, spec: TuningJobSpec, image: str, gpu: str | None = None) -> dict[str, Any]:
+def _clients(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
     n = ChildNames(job.name)
     vol, mount = _job_spec_volume(job)
     args = commands.client(JOB_MANIFEST, f"{POD_WORK_DIR}/shard", _tracker_addr(job), tracker_key(job),
@@ -594,8 +597,7 @@ def _clients(job: JobRef, spec: TuningJobSpec, image: str, gpu: str | None = Non
                            store=store_uri(job, spec), progress=_progress_uri(job, spec), metrics_port=METRICS_PORT,
                            build_service=_builders_addr(job, spec))
     mvols, mmounts, menv = _model_volume(spec)
-    gpu_env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": gpu}] if gpu else []
-    c = _container(spec, image, "client", args, env=_store_env(spec) + menv + gpu_env,
+    c = _container(spec, image, "client", args, env=_store_env(spec) + menv + _builds_without_gpu(spec),
                    resources=spec.raw.get("clients", {}).get("resources"),
                    mounts=[mount, {"name": "work", "mountPath": POD_WORK_DIR}, *mmounts], probe=False)
     pod = _pod_spec(spec, [c], volumes=[vol, {"name": "work", "emptyDir": {}}, *mvols],
@@ -642,7 +644,7 @@ def _builders(job: JobRef, spec: TuningJobSpec, image: str) -> list[dict[str, An
     key = {"apiVersion": "v1", "kind": "Secret", "metadata": _meta(job, n.build_key, "build-key"), "type": "Opaque",
            "stringData": {BUILD_KEY_FILE: secrets.token_urlsafe(32)}}
     args = commands.build_service(f"0.0.0.0:{BUILD_PORT}", metrics_port=METRICS_PORT, workers=b.workers)
-    c = _container(spec, image, "builder", args, resources=b.resources or None)
+    c = _container(spec, image, "builder", args, env=_builds_without_gpu(spec), resources=b.resources or None)
     c["ports"].append({"name": "build", "containerPort": BUILD_PORT})
     # Ready = listening: a batch sent during the workers' warm-up just queues behind it.
     c["readinessProbe"] = {"tcpSocket": {"port": "build"}, "periodSeconds": 2}

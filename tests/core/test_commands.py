@@ -40,7 +40,7 @@ def _parse(args: list[str]) -> Any:
 def _applied(s: Any) -> list[dict[str, Any]]:
     """What the operator applies over a job's life: where a daemon holds the GPU, the clients
     come once it has named that GPU."""
-    clients = [plan_clients(JOB, s, gpu="GPU-1")] if pins_gpu(s, None) else []
+    clients = [plan_clients(JOB, s)] if pins_gpu(s, None) else []
     return [*plan(JOB, s), *clients, plan_merge(JOB, s)]
 
 

@@ -17,7 +17,7 @@ def applied(job: JobRef, spec: Any, sharing: Any = None, requests: Any = None, *
     clients it creates once that GPU is named (their only one)."""
     from sharetune.planner import pins_gpu
 
-    clients = [plan_clients(job, spec, requests=requests, gpu="GPU-1")] if pins_gpu(spec, sharing) else []
+    clients = [plan_clients(job, spec, requests=requests)] if pins_gpu(spec, sharing) else []
     return [*plan(job, spec, sharing=sharing, requests=requests, **kw), *clients]
 
 
@@ -111,13 +111,13 @@ def test_mps_job_daemon_servers_and_security() -> None:
         {"name": "server", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": uuid}]}]
     menv = {e["name"]: e.get("value") for e in containers(plan_merge(JOB, s, gpu=uuid))[0]["env"]}
     assert menv["NVIDIA_VISIBLE_DEVICES"] == uuid
-    # The clients come only then (plan has none), seeing that GPU and no other.
+    # The clients come only then (plan has none); they see no GPU and may run on any node.
     assert "Job" not in k
-    clients = plan_clients(JOB, s, gpu=uuid)
+    clients = plan_clients(JOB, s)
     assert clients["kind"] == "Job" and clients["metadata"]["name"] == "tj-clients"
-    assert {e["name"]: e.get("value") for e in containers(clients)[0]["env"]}["NVIDIA_VISIBLE_DEVICES"] == uuid
-    # on the daemon's node: another node's runtime knows no such GPU
-    assert pod_spec(clients)["affinity"] == pod_spec(srv)["affinity"]
+    cenv = {e["name"]: e.get("value") for e in containers(clients)[0]["env"]}
+    assert cenv["NVIDIA_VISIBLE_DEVICES"] == "void" and cenv["LD_LIBRARY_PATH"] == "/opt/sharetune/nocuda"
+    assert "affinity" not in pod_spec(clients) and "nodeSelector" not in pod_spec(clients)
     assert "resources" not in sc or "nvidia.com/gpu" not in str(sc["resources"])
     term = pod_spec(srv)["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
     assert term["topologyKey"] == "kubernetes.io/hostname"
@@ -592,9 +592,13 @@ def test_pods_that_need_no_gpu_see_none() -> None:
     cpu = parse_spec("tj", {"model": {"name": "tiny_cnn"}, "builders": {"replicas": 1}})
     cpu_pods = [o for o in [*plan(JOB, cpu), plan_merge(JOB, cpu)] if o["kind"] in ("Pod", "Deployment", "Job")]
     assert len(cpu_pods) == 5 and {gpu_env(o) for o in cpu_pods} == {"void"}
-    gpu = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda"})
+    gpu = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda", "builders": {"replicas": 1}})
     tracker = next(o for o in plan(JOB, gpu) if o["kind"] == "Deployment" and o["metadata"]["name"] == "tj-tracker")
     assert gpu_env(tracker) == "void"
+    # A cuda job's builders build kernels without a GPU: the image's stand-in driver lets TVM emit cubins.
+    builders = next(o for o in plan(JOB, gpu) if o["kind"] == "Deployment" and o["metadata"]["name"] == "tj-builders")
+    assert gpu_env(builders) == "void" and _env(containers(builders)[0])["LD_LIBRARY_PATH"] == "/opt/sharetune/nocuda"
+    assert "LD_LIBRARY_PATH" not in _env(containers(tracker)[0])  # only where kernels are built
     assert containers(tracker)[0]["readinessProbe"] == {"tcpSocket": {"port": "tracker"}, "periodSeconds": 2}
 
 
@@ -676,6 +680,7 @@ def test_s3_cleanup_is_a_bounded_job_of_the_jobs_own_with_its_credentials_from_t
 
 
 def test_no_pod_of_any_mode_sees_every_gpu_of_its_node() -> None:
+    from sharetune.api.gpuenv import NO_DRIVER_LIB_DIR
     from sharetune.requests import pod_specs
     from sharetune_dev.manifests import MODES, PUBLISHED_GPU
 
@@ -687,26 +692,21 @@ def test_no_pod_of_any_mode_sees_every_gpu_of_its_node() -> None:
                 for c in [*pod.get("initContainers", []), *pod["containers"]]:
                     seen = {e["name"]: e.get("value") for e in c.get("env", [])}.get("NVIDIA_VISIBLE_DEVICES")
                     granted = any("gpu" in k for k in (c.get("resources") or {}).get("limits", {}))
-                    # A cuda job's clients read the GPU's architecture through NVML and its builders
-                    # need the CUDA driver library to emit cubins: where a daemon holds the job's
-                    # GPU, clients see that one; else the image's visibility (docs/security.md).
-                    pinned = c["name"] == "client" and mode in ("exclusive", "pool") and "nomps" not in obj[
+                    # The merge sees its daemon's GPU; servers the daemon's or the device plugin's
+                    # choice; every other pod none (a cuda job's clients and builders build kernels
+                    # with the image's stand-in driver library and ask the servers for the arch).
+                    # (servers get theirs by a patch once the daemon has named it: none until then).
+                    pinned = c["name"] == "merge" and mode in ("exclusive", "pool") and "nomps" not in obj[
                         "metadata"]["name"]
-                    needs_driver = c["name"] in ("client", "builder") and mode in ("exclusive", "pool", "device-plugin")
-                    # the device plugin's choice where a GPU is granted; else none until a daemon names one
-                    pinned = pinned or (c["name"] == "merge" and mode in ("exclusive", "pool")
-                                        and "nomps" not in obj["metadata"]["name"])
-                    want = PUBLISHED_GPU if pinned else None if granted or needs_driver else "void"
+                    want = PUBLISHED_GPU if pinned else None if granted else "void"
                     assert seen == want, (mode, obj["metadata"]["name"], c["name"], seen)
+                    if c["name"] in ("client", "builder") and mode in ("exclusive", "pool", "device-plugin"):
+                        assert {e["name"]: e.get("value") for e in c["env"]}["LD_LIBRARY_PATH"] == NO_DRIVER_LIB_DIR
 
 
-def test_a_pool_jobs_clients_run_on_their_gpus_node() -> None:
-    from sharetune.admission import GpuId, Placement
-    from sharetune.sharing import Sharing
-
+def test_a_pool_jobs_clients_see_no_gpu_and_join_no_pool() -> None:
     s = parse_spec("tj", {"model": {"name": "resnet18"}, "target": "cuda", "gpuSharing": {"share": 50}})
-    placed = Sharing("pool", Placement((GpuId("gpu-b", 1),), 50))
-    clients = plan_clients(JOB, s, gpu="GPU-b1", sharing=placed)
-    assert pod_spec(clients)["nodeSelector"] == {"kubernetes.io/hostname": "gpu-b"}
+    clients = plan_clients(JOB, s)
+    assert "nodeSelector" not in pod_spec(clients) and not pod_spec(clients).get("hostIPC")
     env = {e["name"]: e.get("value") for e in containers(clients)[0]["env"]}
-    assert env["NVIDIA_VISIBLE_DEVICES"] == "GPU-b1" and "CUDA_MPS_PIPE_DIRECTORY" not in env  # no MPS client
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void" and "CUDA_MPS_PIPE_DIRECTORY" not in env  # no MPS client

@@ -110,3 +110,27 @@ def test_a_server_that_must_use_mps_waits_for_the_daemon_and_never_runs_without_
     slow._start = lambda: None
     slow.is_registered = lambda: False
     assert slow.serve(stop, poll_s=0.1) == 0 and not slow.waiting_for_mps
+
+
+def test_a_client_without_a_gpu_asks_the_servers_for_the_arch_and_names_the_fix(topology: Topology,
+                                                                                monkeypatch) -> None:
+    """A cluster's client sees no GPU: the cuda arch is its servers' GPU's. These servers run on a
+    CPU machine, so the answer is that they see none, named with the fix; the arch read from a GPU
+    is checked on the GPU machine (bench/h200)."""
+    from sharetune_tuner.errors import TargetError
+    from sharetune_tuner.targets import ARCH_ENV, arch_of, cuda_arch, make_target, servers_cuda_arch
+
+    monkeypatch.delenv(ARCH_ENV, raising=False)
+    asked: list[str] = []
+
+    def ask() -> str:
+        asked.append("servers")
+        return servers_cuda_arch("127.0.0.1", topology.tracker_port, topology.key, 30)
+
+    with pytest.raises(TargetError, match=f"servers see no GPU.*{ARCH_ENV}=sm_XY"):
+        make_target("cuda", ask_servers=ask)
+    assert asked == ["servers"]  # NVML found no GPU here, so the servers were asked
+    assert all(s.popen.poll() is None for s in topology.servers)  # the question cost no server its life
+    monkeypatch.setenv(ARCH_ENV, "sm_80")
+    assert cuda_arch(ask) == "sm_80" and asked == ["servers"]  # the override wins, nobody asked
+    assert (arch_of(9, 0), arch_of(8, 6), arch_of(10, 0)) == ("sm_90a", "sm_86", "sm_100")

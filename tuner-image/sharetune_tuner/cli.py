@@ -286,7 +286,7 @@ def _s3_cleanup(a: argparse.Namespace) -> int:
 def _client(a: argparse.Namespace) -> int:
     from . import model as model_mod
     from .client import ClientConfig, run_client
-    from .targets import make_target
+    from .targets import make_target, servers_cuda_arch
 
     spec = _load_spec(a.job)
     shards = a.shards or spec.shards
@@ -307,7 +307,9 @@ def _client(a: argparse.Namespace) -> int:
             # Model and target are loaded once the shard can report: a bad model (corrupt ONNX,
             # unreachable URL) then reaches the job's status as this shard's failure message.
             model = model_mod.load_for_spec(spec.model)
-            target = make_target(spec.target, spec.builder_workers)
+            # A cluster's client sees no GPU: a cuda job's arch is then its servers' GPU's.
+            target = make_target(spec.target, spec.builder_workers,
+                                 ask_servers=lambda: servers_cuda_arch(host, port, a.key, a.tracker_wait))
             cfg = ClientConfig(job=spec.name, shard=a.shard, shards=shards, work_dir=a.work_dir,
                                tracker_host=host, tracker_port=port,
                                tracker_key=a.key, servers=a.servers or spec.servers.replicas,

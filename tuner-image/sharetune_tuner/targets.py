@@ -1,40 +1,86 @@
-"""TVM targets from the job's target kind: ``llvm`` (CPU) or ``cuda`` (arch read from the GPU)."""
+"""TVM targets from the job's target kind: ``llvm`` (CPU) or ``cuda``.
+
+A cuda target names the GPU's architecture (``sm_XY``). It comes, first found: from
+``SHARETUNE_CUDA_ARCH`` (tuning for a GPU elsewhere), from the GPU this process sees (NVML, no CUDA
+context), or from the job's own servers. The last is how a cluster's clients learn it: they see no
+GPU (``NVIDIA_VISIBLE_DEVICES=void``), and the servers they measure on hold the GPU the job was
+given, so the arch is that GPU's by construction, in every sharing mode.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from .errors import TargetError
 
+ARCH_ENV = "SHARETUNE_CUDA_ARCH"
 
-def cuda_arch() -> str:
-    """``sm_XY`` of GPU 0 via NVML (no CUDA context: RPC servers fork after this)."""
-    override = os.environ.get("SHARETUNE_CUDA_ARCH")
-    if override:
-        return override
-    try:
-        import pynvml
 
-        pynvml.nvmlInit()
-        try:
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0))
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-        raise TargetError(f"target cuda needs an NVIDIA GPU, but NVML found none ({e}); "
-                          "set SHARETUNE_CUDA_ARCH=sm_XY to tune for a GPU elsewhere") from None
-    # Hopper's tensor-core instructions live in the 'a' variant.
+def arch_of(major: int, minor: int) -> str:
+    """``sm_XY`` of a compute capability; Hopper's tensor-core instructions live in the 'a' variant."""
     return f"sm_{major}{minor}" + ("a" if major == 9 else "")
 
 
-def make_target(kind: str, cpu_cores: int | None = None) -> Any:
+def _nvml_arch() -> str:
+    """GPU 0's arch via NVML (no CUDA context: RPC servers fork after this)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0))
+    finally:
+        pynvml.nvmlShutdown()
+    return arch_of(int(major), int(minor))
+
+
+def cuda_arch(ask_servers: Callable[[], str] | None = None) -> str:
+    """The arch to tune for: ``SHARETUNE_CUDA_ARCH``, else this process's GPU, else (when given)
+    what ``ask_servers`` learns from the job's servers."""
+    override = os.environ.get(ARCH_ENV)
+    if override:
+        return override
+    try:
+        return _nvml_arch()
+    except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, no device, ...
+        if ask_servers is not None:
+            return ask_servers()
+        raise TargetError(f"target cuda needs an NVIDIA GPU, but NVML found none ({e}); "
+                          f"set {ARCH_ENV}=sm_XY to tune for a GPU elsewhere") from None
+
+
+def servers_cuda_arch(host: str, port: int, key: str, timeout_s: float) -> str:
+    """The arch of the GPU behind the job's servers: one short RPC session through the tracker
+    (waiting up to ``timeout_s`` for a server to register), asking its device 0."""
+    from tvm import rpc
+
+    from .client import wait_for_tracker
+
+    wait_for_tracker(host, port, key, timeout_s)
+    try:
+        sess = rpc.connect_tracker(host, port).request(key, priority=1, session_timeout=60)
+        dev = sess.cuda(0)
+        version = str(dev.compute_version) if dev.exist else None
+    except Exception as e:  # a server built without CUDA, a dropped session, ...
+        raise TargetError(f"target cuda: could not ask the job's servers for their GPU ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else 'no detail'}); set {ARCH_ENV}=sm_XY "
+                          "to name the architecture") from None
+    if not version:
+        raise TargetError(f"target cuda: the job's servers see no GPU; give them one, or set {ARCH_ENV}=sm_XY "
+                          "to tune for a GPU elsewhere")
+    major, _, minor = version.partition(".")
+    return arch_of(int(major), int(minor or 0))
+
+
+def make_target(kind: str, cpu_cores: int | None = None, ask_servers: Callable[[], str] | None = None) -> Any:
+    """The TVM target; ``ask_servers`` (cuda): where the arch comes from when this process sees no GPU."""
     import tvm
 
     if kind == "llvm":
         return tvm.target.Target({"kind": "llvm", "num-cores": int(cpu_cores or os.cpu_count() or 1)})
     if kind == "cuda":
-        arch = cuda_arch()
+        arch = cuda_arch(ask_servers)
         return tvm.target.Target({"kind": "cuda", "arch": arch, "max_threads_per_block": 1024,
                                   "max_shared_memory_per_block": 49152, "thread_warp_size": 32},
                                  host={"kind": "llvm"})

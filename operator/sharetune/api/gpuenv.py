@@ -13,3 +13,6 @@ NO_MULTICAST: dict[str, str] = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE
 GPU_UUID_ANNOTATION = "sharetune.io/gpu-uuid"
 # What a container that must see no GPU asks the NVIDIA runtime for (CUDA images default to "all").
 NO_GPU_DEVICES = "void"
+# Where the tuner image keeps its stand-in CUDA driver library (tuner-image/nocuda-stub.sh): on
+# LD_LIBRARY_PATH in a cuda job's pods that build kernels but see no GPU, never in one that sees one.
+NO_DRIVER_LIB_DIR = "/opt/sharetune/nocuda"

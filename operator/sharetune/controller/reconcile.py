@@ -269,15 +269,15 @@ def pin_servers(ctx: Context, body: dict[str, Any], job: JobRef, s: TuningJobSpe
 
 def start_clients(ctx: Context, job: JobRef, s: TuningJobSpec, sharing: Sharing | None, obs: Observed,
                   status: dict[str, Any], patch: kopf.Patch) -> None:
-    """A job whose GPU is a daemon's gets its clients' Job once the first GPU group is pinned: the
-    clients see that GPU and no other (:func:`planner.plan_clients`). Every tick until the Job
-    exists, so a refused create is tried again."""
+    """A job whose GPU is a daemon's gets its clients' Job once the first GPU group is pinned
+    (:func:`planner.plan_clients` says why). Every tick until the Job exists, so a refused create
+    is tried again."""
     if not pins_gpu(s, sharing) or obs.clients_job_shards is not None or obs.merge_exists:
         return
     # this tick's pins over the stored ones (a replaced daemon's key is None here: not pinned)
     pins = {**(status.get("serversGpuByGroup") or {}), **(patch.status.get("serversGpuByGroup") or {})}
     uuid = pins.get(_group_key(gpu_groups(s)[0]))
-    if uuid and kube.create(ctx.api, plan_clients(job, s, ctx.image, ctx.requests, uuid, sharing)):
+    if uuid and kube.create(ctx.api, plan_clients(job, s, ctx.image, ctx.requests)):
         metrics.CHILDREN.labels("Job").inc()
 
 
