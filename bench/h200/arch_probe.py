@@ -32,11 +32,12 @@ def main() -> int:
     tuner = [sys.executable, "-m", "sharetune_tuner.cli"]
     procs = [subprocess.Popen([*tuner, "tracker", "--host", "127.0.0.1", "--port", str(port)], start_new_session=True)]
     time.sleep(2)
-    procs.append(subprocess.Popen([*tuner, "server", "--tracker", f"127.0.0.1:{port}", "--key", key, "--host",
-                                   "127.0.0.1", "--port", str(base), "--port-end", str(base + 1), "--metrics-port", "0"],
-                                  start_new_session=True))
-    out: dict[str, object] = {"date": time.strftime("%Y-%m-%d"), "gpu": subprocess.run(
-        ["nvidia-smi", "--query-gpu=name,uuid", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()}
+    server = ["server", "--tracker", f"127.0.0.1:{port}", "--key", key, "--host", "127.0.0.1",
+              "--port", str(base), "--port-end", str(base + 1), "--metrics-port", "0"]
+    procs.append(subprocess.Popen([*tuner, *server], start_new_session=True))
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,uuid", "--format=csv,noheader"], capture_output=True,
+                         text=True)
+    out: dict[str, object] = {"date": time.strftime("%Y-%m-%d"), "gpu": smi.stdout.strip()}
     try:
         t = time.monotonic()
         out["servers_arch"] = servers_cuda_arch("127.0.0.1", port, key, 60)
