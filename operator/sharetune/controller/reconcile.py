@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any, cast
 
 import kopf
@@ -267,6 +268,15 @@ def pin_servers(ctx: Context, body: dict[str, Any], job: JobRef, s: TuningJobSpe
         patch.status["serversGpuByGroup"] = pins
 
 
+def first_group_gpu(s: TuningJobSpec, status: Mapping[str, Any], patch: kopf.Patch | None = None) -> str | None:
+    """The GPU the first GPU group's daemon published (its servers are pinned to it), this tick's
+    pin over the stored one when ``patch`` has it (a replaced daemon's key is None: not pinned)."""
+    now = (patch.status.get("serversGpuByGroup") or {}) if patch is not None else {}
+    pins = {**(status.get("serversGpuByGroup") or {}), **now}
+    uuid = pins.get(_group_key(gpu_groups(s)[0]))
+    return str(uuid) if uuid else None
+
+
 def start_clients(ctx: Context, job: JobRef, s: TuningJobSpec, sharing: Sharing | None, obs: Observed,
                   status: dict[str, Any], patch: kopf.Patch) -> None:
     """A job whose GPU is a daemon's gets its clients' Job once the first GPU group is pinned
@@ -274,10 +284,7 @@ def start_clients(ctx: Context, job: JobRef, s: TuningJobSpec, sharing: Sharing 
     is tried again."""
     if not pins_gpu(s, sharing) or obs.clients_job_shards is not None or obs.merge_exists:
         return
-    # this tick's pins over the stored ones (a replaced daemon's key is None here: not pinned)
-    pins = {**(status.get("serversGpuByGroup") or {}), **(patch.status.get("serversGpuByGroup") or {})}
-    uuid = pins.get(_group_key(gpu_groups(s)[0]))
-    if uuid and kube.create(ctx.api, plan_clients(job, s, ctx.image, ctx.requests)):
+    if first_group_gpu(s, status, patch) and kube.create(ctx.api, plan_clients(job, s, ctx.image, ctx.requests)):
         metrics.CHILDREN.labels("Job").inc()
 
 
@@ -390,9 +397,8 @@ def reconcile_status(ctx: Context, body: dict[str, Any], patch: kopf.Patch, snap
     if obs.clamp is not None:
         clamp_clients(ctx, job, obs)
     if obs.clients_succeeded >= obs.client_shards and not obs.merge_exists and not obs.clients_failed:
-        first_gpu = (status.get("serversGpuByGroup") or {}).get(_group_key(gpu_groups(s)[0]))
         if kube.create(ctx.api, plan_merge(job, s, ctx.image, shards=obs.client_shards, sharing=sharing,
-                                               requests=ctx.requests, gpu=first_gpu)):
+                                               requests=ctx.requests, gpu=first_group_gpu(s, status))):
             metrics.CHILDREN.labels("Job").inc()
             if s.builders is not None:
                 _release_builders(ctx, job)
