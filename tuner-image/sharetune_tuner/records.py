@@ -108,7 +108,8 @@ class RecordStats:
     failed: int
 
 
-def _mean_secs(run_secs: Any) -> float | None:
+def mean_secs(run_secs: Any) -> float | None:
+    """A record's mean run time in seconds; None for a failed run."""
     if not run_secs:
         return None
     vals = [float(x) for x in run_secs]
@@ -129,7 +130,7 @@ def stats(db_dir: Path) -> RecordStats:
             continue
         h = hashes[idx]
         trials[h] += 1
-        secs = _mean_secs(body[1] if len(body) > 1 else None)
+        secs = mean_secs(body[1] if len(body) > 1 else None)
         if secs is None:
             failed += 1
         elif secs < best.get(h, float("inf")):
