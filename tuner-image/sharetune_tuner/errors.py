@@ -3,26 +3,8 @@
 
 from __future__ import annotations
 
-from sharetune.api.exitcodes import ExitCode
+# Defined with the contract (local mode raises them too, without importing the tuner); the
+# tuner's modules import them from here.
+from sharetune.api.errors import ModelError, MpsError, TargetError, TrackerError, TunerError
 
-
-class TunerError(RuntimeError):
-    """A failure the user can act on; the CLI prints its message without a traceback."""
-
-    exit_code: ExitCode = ExitCode.USAGE
-
-
-class ModelError(TunerError):
-    exit_code = ExitCode.MODEL
-
-
-class TargetError(TunerError):
-    exit_code = ExitCode.TARGET
-
-
-class TrackerError(TunerError):
-    exit_code = ExitCode.TRACKER
-
-
-class MpsError(TunerError):
-    exit_code = ExitCode.MPS
+__all__ = ["ModelError", "MpsError", "TargetError", "TrackerError", "TunerError"]
