@@ -46,6 +46,20 @@ def test_the_spec_names_the_zoos_models() -> None:
     assert set(BUILTIN_MODELS) == set(ZOO)
 
 
+def test_the_model_check_without_tvm_knows_the_zoos_models() -> None:
+    """Local mode checks spec.model.name before any tuner process starts (sharetune.models: no
+    ONNX, no TVM): it accepts exactly the zoo's models, with the tuner loader's message."""
+    from sharetune.models import BUILTIN_MODELS, check_builtin
+    from sharetune_tuner.zoo import ZOO
+
+    assert set(ZOO) == set(BUILTIN_MODELS)
+    for name in ZOO:
+        check_builtin(name)
+    with pytest.raises(ModelError, match=r"unknown built-in model 'resnet19'; choose one of mobilenet_v2, resnet18, "
+                                         r"resnet50, tiny_cnn, transformer_encoder \(did you mean resnet18\?\)"):
+        model_mod.load(name="resnet19")
+
+
 def test_onnx_file_roundtrip(tmp_path: Path) -> None:
     import onnx
 

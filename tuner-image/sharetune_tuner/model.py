@@ -14,16 +14,12 @@ Whatever fails while importing, extracting tasks from or compiling a user's mode
 from __future__ import annotations
 
 import contextlib
-import difflib
 import functools
-import hashlib
 import io
 import logging
 import os
 import re
 import traceback
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +29,7 @@ import numpy as np
 
 from sharetune.api.spec import ModelSpec
 from sharetune.api.topology import MODEL_DIR, MODEL_DIR_ENV, MODEL_FILE
+from sharetune.models import MODEL_CACHE_ENV, check_builtin, fetch_url
 
 from .errors import ModelError, TunerError
 from .zoo import ZOO
@@ -40,11 +37,6 @@ from .zoo import ZOO
 log = logging.getLogger("sharetune.model")
 
 INPUT_NAME = "input"
-# Where a URL's model is cached (local mode: the run's work dir, so all its processes share one
-# download); unset: ~/.cache/sharetune/models.
-MODEL_CACHE_ENV = "SHARETUNE_MODEL_CACHE"
-_URL_TIMEOUT_S = 60
-_MAX_MODEL_BYTES = 2 << 30
 
 
 @dataclass
@@ -57,25 +49,6 @@ class LoadedModel:
 
     def sample_input(self, seed: int = 0) -> np.ndarray:
         return np.random.default_rng(seed).standard_normal(self.input_shape).astype(np.float32)
-
-
-def fetch_url(url: str, cache_dir: Path) -> Path:
-    """Downloads ``url`` once into ``cache_dir`` (keyed by URL) and returns the local path."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    dest = cache_dir / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".onnx")
-    if dest.exists():
-        return dest
-    try:
-        with urllib.request.urlopen(url, timeout=_URL_TIMEOUT_S) as r:
-            data = r.read(_MAX_MODEL_BYTES + 1)
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise ModelError(f"cannot download model from {url}: {e}") from None
-    if len(data) > _MAX_MODEL_BYTES:
-        raise ModelError(f"model at {url} is larger than {_MAX_MODEL_BYTES >> 20} MiB")
-    tmp = dest.with_suffix(".part")
-    tmp.write_bytes(data)
-    tmp.replace(dest)
-    return dest
 
 
 def _onnx_from_file(path: Path) -> Any:
@@ -382,15 +355,6 @@ def model_errors(what: str) -> Iterator[None]:
         raise
     except Exception as e:
         raise ModelError(f"{what}: {describe(e)}") from None
-
-
-def check_builtin(name: str) -> None:
-    """A ``spec.model.name`` that is not in the zoo: the one-line error lists the zoo."""
-    if name not in ZOO:
-        near = difflib.get_close_matches(name, sorted(ZOO), n=1, cutoff=0.5)
-        raise ModelError(f"spec.model.name: unknown built-in model {name!r}; choose one of {', '.join(sorted(ZOO))}"
-                         + (f" (did you mean {near[0]}?)" if near else "")
-                         + ", or set spec.model.onnx for your own model")
 
 
 def load_for_spec(spec: ModelSpec, cache_dir: Path | None = None) -> LoadedModel:
