@@ -25,8 +25,9 @@ def _free_port() -> int:
 
 
 def main() -> int:
+    from sharetune.gpus import nvml_cuda_arch
     from sharetune_tuner.gpu_identity import held_gpu_uuid
-    from sharetune_tuner.targets import _nvml_arch, servers_cuda_arch
+    from sharetune_tuner.targets import servers_cuda_arch
 
     port, base, key = _free_port(), _free_port(), "arch-probe"
     tuner = [sys.executable, "-m", "sharetune_tuner.cli"]
@@ -42,7 +43,7 @@ def main() -> int:
         t = time.monotonic()
         out["servers_arch"] = servers_cuda_arch("127.0.0.1", port, key, 60)
         out["servers_arch_s"] = round(time.monotonic() - t, 2)
-        out["nvml_arch"] = _nvml_arch()
+        out["nvml_arch"] = nvml_cuda_arch()
         out["held_gpu_uuid"] = held_gpu_uuid()
     except Exception as e:  # recorded, not hidden: the probe's point is what happens
         out["error"] = f"{type(e).__name__}: {e}"

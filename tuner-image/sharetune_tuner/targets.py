@@ -13,41 +13,16 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from sharetune import gpus
+from sharetune.gpus import ARCH_ENV, arch_of
+
 from .errors import TargetError
-
-ARCH_ENV = "SHARETUNE_CUDA_ARCH"
-
-
-def arch_of(major: int, minor: int) -> str:
-    """``sm_XY`` of a compute capability; Hopper's tensor-core instructions live in the 'a' variant."""
-    return f"sm_{major}{minor}" + ("a" if major == 9 else "")
-
-
-def _nvml_arch() -> str:
-    """GPU 0's arch via NVML (no CUDA context: RPC servers fork after this)."""
-    import pynvml
-
-    pynvml.nvmlInit()
-    try:
-        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0))
-    finally:
-        pynvml.nvmlShutdown()
-    return arch_of(int(major), int(minor))
 
 
 def cuda_arch(ask_servers: Callable[[], str] | None = None) -> str:
     """The arch to tune for: ``SHARETUNE_CUDA_ARCH``, else this process's GPU, else (when given)
     what ``ask_servers`` learns from the job's servers."""
-    override = os.environ.get(ARCH_ENV)
-    if override:
-        return override
-    try:
-        return _nvml_arch()
-    except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, no device, ...
-        if ask_servers is not None:
-            return ask_servers()
-        raise TargetError(f"target cuda needs an NVIDIA GPU, but NVML found none ({e}); "
-                          f"set {ARCH_ENV}=sm_XY to tune for a GPU elsewhere") from None
+    return gpus.cuda_arch(ask_servers)
 
 
 def servers_cuda_arch(host: str, port: int, key: str, timeout_s: float) -> str:
