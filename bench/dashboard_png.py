@@ -45,9 +45,9 @@ def main() -> int:
     import matplotlib.pyplot as plt
 
     from sharetune.api.spec import load_job
+    from sharetune.local.run import LocalRun
     from sharetune.procs import ProcessGroup, free_port
     from sharetune_dev.dashboard import PANELS
-    from sharetune_tuner.local import LocalRun
 
     prometheus = shutil.which("prometheus")
     if not prometheus:

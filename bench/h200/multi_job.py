@@ -12,7 +12,7 @@ Three jobs (ResNet-18, MobileNet-V2, ResNet-50 by default), each with the headli
     python3 bench/h200/multi_job.py summarize   # no GPU: h200-multi-job.json
 
 ``tune`` runs ``sharetune run ... --local`` (the product's local mode: one job, or several through
-local_pool.py), samples CPU and GPU utilisation (common.Sampler), appends the arm to
+sharetune/local/pool.py), samples CPU and GPU utilisation (common.Sampler), appends the arm to
 ``h200-multi-job-arms.jsonl`` in $OUT and keeps each job's result folder under the run root.
 ``evaluate`` measures in one process, after tuning, so no arm's latency is disturbed by another
 job's kernels (the pool arm's own merges measured beside the other jobs). Arms of one comparison

@@ -254,7 +254,7 @@ def main() -> int:
                 "xgb cost model, evolutionary search, seed 0 in both arms. Baseline: stock "
                 "MetaSchedule tune_tasks, one process, LocalBuilder on all cores, one RPCRunner worker, one "
                 "RPC server on the whole GPU, no MPS, 64 candidates per batch, population 512, gradient task "
-                "scheduler, RPC session timeout 30 s (stock 10 s). sharetune: local topology (sharetune_tuner.local "
+                "scheduler, RPC session timeout 30 s (stock 10 s). sharetune: local topology (sharetune.local "
                 "processes), M clients on LPT shards of the 6 tasks, N RPC servers under one MPS daemon at P% "
                 "each, 8 candidates per round, one RPC session per client and server "
                 "(runner.SessionRPCRunner), builds linked by the builder. Torch hidden from every tuner process.",

@@ -165,9 +165,9 @@ def run_sharetune(a: argparse.Namespace, wd: Path) -> dict[str, Any]:
     if a.pop_per_cand:
         os.environ["BENCH_POP_PER_CAND"] = str(a.pop_per_cand)
     from sharetune.api.spec import load_job
+    from sharetune.local.run import LocalRun
     from sharetune.procs import ProcessGroup
     from sharetune_tuner.cpus import default_builder_workers
-    from sharetune_tuner.local import LocalRun
 
     # --cores: the tuning topology (tracker, servers, clients, their own builds) pinned to these CPUs,
     # as on a GPU node with that many cores; children inherit this process's affinity.

@@ -1,5 +1,5 @@
 """The rules that run a TuningJob's shards, stated once for both orchestrators: the operator's
-status loop (``controller/``) and local mode (``sharetune_tuner.local``) apply these decisions,
+status loop (``controller/``) and local mode (``sharetune.local``) apply these decisions,
 each with its own means (a Job patch or a process stop, a pod's retry or a process restart).
 Pure: no kopf, no kubernetes client, no TVM.
 

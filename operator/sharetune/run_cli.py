@@ -1,5 +1,5 @@
 """`sharetune run`: one command for both shells. ``--local`` runs the job's topology as processes on
-this machine (sharetune_tuner.local_cli: needs TVM); without it the job is submitted to the
+this machine (local/cli.py: its processes need TVM); without it the job is submitted to the
 current cluster and followed there (submit.py: needs the kubernetes client only)."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def run(a: argparse.Namespace) -> int:
             return int(ExitCode.USAGE)
         if importlib.util.find_spec("tvm") is None:
             return _missing("tvm", "pip install 'sharetune[tuner]'", "--local")
-        from sharetune_tuner import local_cli  # local mode lives with the tuner runtime
+        from .local import cli as local_cli  # imported to run only: other commands need neither it nor rich
 
         return local_cli.run(a)
     if a.workdir or a.json:

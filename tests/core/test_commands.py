@@ -60,7 +60,7 @@ def test_every_pod_command_parses_with_the_tuner_cli(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_local_mode_starts_the_same_commands(name: str, tmp_path: Path) -> None:
-    import sharetune_tuner.local as local
+    import sharetune.local.run as local
 
     s = parse_spec("tj", SPECS[name])
     run = local.LocalRun(s, tmp_path / "job.yaml", tmp_path / "run")

@@ -112,9 +112,9 @@ def test_onnx_configmap_example_reads_the_model_through_the_kubeconfig(cluster, 
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """What `kubectl create configmap my-model --from-file=model.onnx=...` makes, read by local mode
     from the real API server (KUBECONFIG) into the file the clients load."""
+    from sharetune.api.errors import ModelError
     from sharetune.api.topology import MODEL_DIR_ENV, MODEL_FILE
-    from sharetune_tuner.errors import ModelError
-    from sharetune_tuner.model_source import prepare_local_model
+    from sharetune.local.model_source import prepare_local_model
 
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     doc = yaml.safe_load((EXAMPLES / "onnx-configmap.yaml").read_text())
@@ -172,8 +172,8 @@ def test_local_mode_names_a_wrong_field_an_unknown_model_and_a_pvc(tmp_path: Pat
         "model"), out
     assert not (tmp_path / "w" / "logs" / "tracker.log").exists()  # stopped before starting anything
     # A cluster-only source: the same refusal (the exact text: tests/core/test_spec.py).
-    from sharetune_tuner.errors import ModelError
-    from sharetune_tuner.model_source import prepare_local_model
+    from sharetune.api.errors import ModelError
+    from sharetune.local.model_source import prepare_local_model
 
     doc["spec"]["model"] = {"onnx": {"pvc": {"claimName": "models", "path": "/m.onnx"}}}
     with pytest.raises(ModelError, match=r"^spec.model.onnx.pvc is cluster-only .* in local mode use "):

@@ -35,7 +35,7 @@ def test_every_panel_query_returns_data(tmp_path: Path, operator, k8s) -> None:
     from prometheus_client import start_http_server
 
     from sharetune.api.spec import load_job
-    from sharetune_tuner.local import LocalRun
+    from sharetune.local.run import LocalRun
 
     prometheus = shutil.which("prometheus")
     assert prometheus, "Debian's prometheus package is installed by .ci/setup.sh"

@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from sharetune.api.spec import parse_spec
-from sharetune_tuner.local import LocalRun
+from sharetune.local.run import LocalRun
 
 
 def planned(spec: dict[str, Any], tmp_path: Path) -> tuple[LocalRun, list[tuple[str, list[str], dict[str, str]]]]:
     run = LocalRun(parse_spec("j", spec), tmp_path / "job.yaml", tmp_path / "run")
     calls: list[tuple[str, list[str], dict[str, str]]] = []
     run._spawn = lambda name, args, env=None: calls.append((name, args, env or run._base_env()))
-    import sharetune_tuner.local as local
+    import sharetune.local.run as local
 
     # Nothing really starts: the servers' readiness waits (MPS daemon, tracker) pass at once.
     wait, local._wait_until = local._wait_until, lambda ready, limit_s, poll_s=0.05: True

@@ -1,5 +1,6 @@
-"""Several jobs at once in local mode (`sharetune run A.yaml B.yaml --local`, local_pool.py): the
-local ledger's admission order, and two real CPU jobs tuned side by side to their merged results."""
+"""Several jobs at once in local mode (`sharetune run A.yaml B.yaml --local`, sharetune.local.pool):
+the local ledger's admission order, and two real CPU jobs tuned side by side to their merged
+results."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
+from sharetune.local.multi import load
+from sharetune.local.pool import LocalPool, host_clients, note_co_tenants, pooled
 from sharetune_tuner.cpus import cost_model_threads
-from sharetune_tuner.local_multi import load
-from sharetune_tuner.local_pool import LocalPool, host_clients, note_co_tenants, pooled
 
 
 def _write(tmp: Path, name: str, **spec: Any) -> Path:

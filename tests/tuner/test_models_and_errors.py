@@ -12,9 +12,9 @@ import pytest
 
 pytest.importorskip("tvm")
 
+from sharetune.gpus import gpu_count
 from sharetune_tuner import model as model_mod
 from sharetune_tuner.errors import ModelError, TargetError
-from sharetune_tuner.local_pool import local_gpu_count
 from sharetune_tuner.targets import make_target
 from sharetune_tuner.tasks import extract
 
@@ -150,7 +150,7 @@ def test_local_run_without_mps_stops_at_the_daemon_with_its_error(tmp_path: Path
     assert not list((tmp_path / "w" / "logs").glob("server-*.log")), "a server started without MPS"
 
 
-@pytest.mark.skipif(local_gpu_count() > 0, reason="this host has a GPU")
+@pytest.mark.skipif(gpu_count() > 0, reason="this host has a GPU")
 def test_a_local_cuda_job_without_a_gpu_fails_at_once(tmp_path: Path) -> None:
     """target cuda on a machine without a GPU: `sharetune run` stops before it starts a process,
     with NVML's answer and the target error's exit code, instead of restarting clients that each

@@ -72,7 +72,7 @@ def _fast(sch: Any) -> None:
 
 
 def _cli_text(summary: dict[str, Any], tmp_path: Path) -> str:
-    from sharetune_tuner.local_cli import _print_summary
+    from sharetune.local.cli import _print_summary
 
     console = Console(record=True, width=250)
     _print_summary(console, Summary.from_dict({**summary, "tuning_s": 1.0, "trials_per_s": 2.0}), tmp_path)

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from sharetune.api.spec import load_job
-from sharetune_tuner.local import LocalRun, RunFailed
-from sharetune_tuner.local_pool import local_gpu_count
+from sharetune.gpus import gpu_count
+from sharetune.local.run import LocalRun, RunFailed
 
 from .conftest import example_job
 
@@ -41,7 +41,7 @@ def test_a_model_error_stops_local_mode_without_restarts(tmp_path: Path) -> None
     assert time.monotonic() - t0 < 120
 
 
-@pytest.mark.skipif(local_gpu_count() > 0, reason="this host has a GPU")
+@pytest.mark.skipif(gpu_count() > 0, reason="this host has a GPU")
 def test_a_client_that_finds_no_gpu_is_not_restarted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A target error is one a cluster retries (the next pod may land on a node with a GPU), but in
     local mode every client runs on this machine and would find no GPU again."""

@@ -163,7 +163,7 @@ def test_a_local_run_of_a_model_file_compiles_from_its_work_dir_alone(run_dir: P
     dir keeps the job with the path made absolute, so `result compile WORKDIR` needs no --model."""
     import shutil
 
-    from sharetune_tuner.local import keep_job
+    from sharetune.local.run import keep_job
     from sharetune_tuner.zoo import ZOO
 
     monkeypatch.chdir(tmp_path)

@@ -171,7 +171,7 @@ def fetch(where: str, out: Path, namespace: str | None = None) -> Fetched:
                 spec = load_job(kept)
             except SpecError:
                 pass  # a copy that no longer parses: the result still has the summary's model
-        read = local / "model" / MODEL_FILE  # local mode's copy of a ConfigMap's model (model_source.py)
+        read = local / "model" / MODEL_FILE  # local mode's copy of a ConfigMap's model (sharetune.local.model_source)
         if spec is not None and spec.model.onnx is not None and spec.model.onnx.config_map and read.is_file():
             shutil.copyfile(read, out / ONNX_COPY)
     else:

@@ -26,23 +26,9 @@ from sharetune.api.summary import Summary
 from sharetune.api.topology import MPS_READY_FILE, gpu_groups
 from sharetune.procs import ProcessGroup
 
-from .local import LocalRun, _wait_until
+from .run import LocalRun, _wait_until
 
 NODE = "local"  # the ledger's node name for this machine's GPUs
-
-
-def local_gpu_count() -> int:
-    """GPUs NVML sees here (0 without a driver): what the local ledger shares."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no NVIDIA driver / library: no GPU to share
-        return 0
 
 
 def pooled(spec: TuningJobSpec) -> bool:

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import yaml
 
+from sharetune.api.errors import ModelError
 from sharetune.api.spec import SpecError, TuningJobSpec, check_runs_locally
 from sharetune.api.topology import MODEL_DIR_ENV, MODEL_FILE
-
-from .errors import ModelError
-from .model import MODEL_CACHE_ENV, check_builtin, fetch_url
+from sharetune.models import MODEL_CACHE_ENV, check_builtin, fetch_url
 
 
 def prepare_local_model(spec: TuningJobSpec, job_path: Path, workdir: Path) -> dict[str, str]:

@@ -39,10 +39,10 @@ from sharetune.api.topology import (
     in_group,
 )
 from sharetune.driver import Verdict, client_exit, shard_clamp
+from sharetune.gpus import cuda_arch
 from sharetune.procs import ProcessGroup, free_port
 
 from .model_source import prepare_local_model
-from .targets import cuda_arch
 
 
 def _wait_until(ready: Any, limit_s: float, poll_s: float = 0.05) -> bool:
@@ -101,7 +101,7 @@ class LocalRun:
     # clients.shards): the other clients are stopped, never restarted, and the merge reads n shards.
     clamped_to: int | None = None
     model_env: dict[str, str] = field(default_factory=dict)  # where the processes find the model
-    # GPU group -> a local GPU pool's directory (local_pool.py): the MPS daemon there is shared
+    # GPU group -> a local GPU pool's directory (pool.py): the MPS daemon there is shared
     # with other jobs and is not this run's to start or stop.
     shared_mps: dict[int | None, Path] | None = None
     # Clients of every job running on this host now (a local pool's jobs share its CPUs); None:

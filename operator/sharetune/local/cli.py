@@ -25,15 +25,15 @@ def _rate(shards: list[dict[str, Any]], t0: float) -> float:
 
 
 def run(a: argparse.Namespace) -> int:
+    from sharetune.api.errors import TunerError
     from sharetune.api.exitcodes import ExitCode
     from sharetune.api.spec import SpecError, load_job
 
-    from .errors import TunerError
-    from .local import LocalRun, RunFailed
+    from .run import LocalRun, RunFailed
 
     console = Console()
     if len(a.job) > 1:
-        from .local_multi import run_many
+        from .multi import run_many
 
         return run_many(a.job, a.workdir, a.json, console)
     a.job = a.job[0]

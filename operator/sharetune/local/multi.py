@@ -1,5 +1,5 @@
 """`sharetune run A.yaml B.yaml ... --local`: several jobs at once through one local GPU pool
-(local_pool.py), one progress row per job, one summary table at the end."""
+(pool.py), one progress row per job, one summary table at the end."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sharetune.gpus import gpu_count
+
 from .interrupts import interrupted, raise_stopped
-from .local_pool import LocalJob, LocalPool, host_clients, local_gpu_count, note_co_tenants, pooled, start
+from .pool import LocalJob, LocalPool, host_clients, note_co_tenants, pooled, start
 
 
 def load(paths: list[Path], root: Path) -> list[LocalJob]:
@@ -55,7 +57,7 @@ def run_many(paths: list[Path], workdir: Path | None, json_out: Path | None, con
     except SystemExit as e:
         console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)  # one line, even in a pipe
         return 2
-    gpus = local_gpu_count() if any(pooled(j.spec) for j in jobs) else 0
+    gpus = gpu_count() if any(pooled(j.spec) for j in jobs) else 0  # what the local ledger shares
     pool = LocalPool(root / ".pool", gpus)
     signal.signal(signal.SIGTERM, raise_stopped)
     console.print(f"{len(jobs)} jobs" + (f", {gpus} GPU(s) shared through one MPS daemon each" if gpus else "")
