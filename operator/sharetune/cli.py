@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
 
-from . import run_cli, smoke
+from . import result_cli, run_cli, smoke
 
 COMMANDS_GROUP = "sharetune.commands"  # each entry point: a callable add_parser(sub)
 # The subcommands other distributions of this repository add: command -> (help, distribution, how to
@@ -68,12 +68,6 @@ def _operator() -> Callable[..., None]:
     return operator_main.add_parser
 
 
-def _result() -> Callable[..., None]:
-    from sharetune_tuner import result_cli  # compiling the tuned model needs TVM
-
-    return result_cli.add_parser
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sharetune", description="GPU-shared DNN autotuning on Kubernetes")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -83,8 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     smoke.add_parser(sub)  # imports the kubernetes client (in both extras) only when it runs
     # --local needs the `tuner` extra (TVM); a cluster, the kubernetes client: each says so when run.
     run_cli.add_parser(sub)
-    _add(sub, {"result": "fetch a job's best records, or compile the model with them"},
-         "pip install 'sharetune[tuner]'", _result)
+    # `result` runs the tuner's CLI in a child process (compiling needs TVM): both must be installed.
+    _add(sub, {"result": result_cli.HELP}, "pip install 'sharetune[tuner]'", lambda: result_cli.add_parser,
+         needs=("sharetune_tuner", "tvm"))
     # Subcommands of other installed distributions (sharetune-dev: `cluster`).
     found = sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name)
     for ep in found:

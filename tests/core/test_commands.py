@@ -115,3 +115,25 @@ def test_every_tuner_subcommand_has_a_body() -> None:
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert set(sub.choices) == set(cli._COMMANDS)
+
+
+@pytest.mark.parametrize("argv", [
+    ["fetch", "tj/resnet", "-n", "team-a", "-o", "DIR"],
+    ["fetch", "s3://bucket/runs/ns1/job/result", "--out", "out"],
+    ["compile", "runs/job", "-o", "out", "--model", "model.onnx"],
+    ["compile", "configmap://ns1/job", "-o", "out", "--namespace", "ns1"],
+])
+def test_sharetune_result_runs_the_tuners_result_with_the_same_arguments(argv: list[str]) -> None:
+    """`sharetune result` parses its arguments itself (its help and usage errors are its own), then
+    hands the tuner's `result` the command line that parses to the same values."""
+    import argparse
+
+    from sharetune import result_cli
+
+    p = argparse.ArgumentParser(prog="sharetune")
+    result_cli.add_parser(p.add_subparsers(dest="cmd"))
+    ours = vars(p.parse_args(["result", *argv]))
+    theirs = vars(_parse(result_cli.tuner_args(argparse.Namespace(**ours))))
+    assert theirs.pop("cmd") == ours.pop("cmd") == "result"
+    ours.pop("func")
+    assert theirs == ours

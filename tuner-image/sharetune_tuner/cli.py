@@ -8,10 +8,11 @@
   build-service  one builder pool for the clients of a host (local mode) or a job (builder pods)
   merge        merges shard databases, compiles, checks, measures, writes the summary
   s3-cleanup   deletes a deleted job's objects from its bucket (spec.output.s3.cleanupOnDelete)
+  result       fetches a job's result, or compiles its model with it (what `sharetune result` runs)
 
-Each serves /metrics and /healthz on --metrics-port (0 = any free port, -1 = off; the MPS daemon
-also /livez: see sharetune_tuner.mps) and stops cleanly on SIGTERM. User errors print one line
-and exit with a distinct code (see errors.py).
+Each but ``result`` serves /metrics and /healthz on --metrics-port (0 = any free port, -1 = off; the
+MPS daemon also /livez: see sharetune_tuner.mps) and stops cleanly on SIGTERM. User errors print
+one line and exit with a distinct code (see errors.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sharetune import result_cli as result_args
 from sharetune.api.spec import SpecError, TuningJobSpec, load_job
 
 from .errors import TunerError
@@ -75,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_gpu_and_rpc_commands(sub)
     _add_tuning_commands(sub)
+    result_args.add_arguments(sub.add_parser("result", help=result_args.HELP))  # `sharetune result`'s own
     return p
 
 
@@ -206,11 +209,18 @@ def _load_spec(path: Path) -> TuningJobSpec:
 def run(a: argparse.Namespace) -> int:
     from .service import setup_logging
 
-    setup_logging(a.verbose)
     command = _COMMANDS.get(a.cmd)
     if command is None:
         raise AssertionError(a.cmd)
+    if a.cmd != "result":  # a user's command, which prints its own lines: no process log
+        setup_logging(a.verbose)
     return command(a)
+
+
+def _result(a: argparse.Namespace) -> int:
+    from .result_cli import run as result
+
+    return result(a)
 
 
 def _tracker(a: argparse.Namespace) -> int:
@@ -403,6 +413,7 @@ def _merge(a: argparse.Namespace) -> int:
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "tracker": _tracker, "server": _server, "mps-dir": _mps_dir, "mps-daemon": _mps_daemon,
     "build-service": _build_service, "client": _client, "merge": _merge, "s3-cleanup": _s3_cleanup,
+    "result": _result,
 }
 
 

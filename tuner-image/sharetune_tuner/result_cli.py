@@ -1,37 +1,11 @@
-"""`sharetune result fetch|compile WHERE -o DIR`: a job's result as users deploy it (result.py)."""
+"""`sharetune-tuner result fetch|compile WHERE -o DIR` (what `sharetune result` runs, in a child
+process): a job's result as users deploy it (result.py). Its arguments are `sharetune result`'s
+(``sharetune.result_cli``)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
-from pathlib import Path
-
-# Registered only with the tuner runtime (TVM): without it `sharetune result` says what to
-# install (cli._add). Found, not imported: importing TVM would slow every `sharetune` call.
-if importlib.util.find_spec("tvm") is None:
-    raise ModuleNotFoundError("No module named 'tvm'", name="tvm")
-
-WHERE_HELP = ("a local-mode work dir (runs/NAME), tj/NAME (with -n), configmap://NAMESPACE/NAME or "
-              "s3://BUCKET/PREFIX/result (the job's status.resultLocation)")
-
-
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    p = sub.add_parser("result", help="fetch a job's best records, or compile the model with them")
-    acts = p.add_subparsers(dest="result_cmd", required=True)
-    fetch = acts.add_parser("fetch", help="the best records as a MetaSchedule JSONDatabase (DIR/database), "
-                                          "every trial (DIR/records) and the summary")
-    build = acts.add_parser("compile", help="fetch, then build the model with the best records for the job's "
-                                            "target: DIR/model.so, DIR/params.npz, DIR/model.json")
-    for a in (fetch, build):
-        a.add_argument("where", help=WHERE_HELP)
-        a.add_argument("-o", "--out", type=Path, required=True, help="output directory")
-        a.add_argument("-n", "--namespace", default=None, help="the TuningJob's namespace (tj/NAME); "
-                                                              "default: the kubeconfig context's")
-    build.add_argument("--model", type=Path, default=None,
-                       help="the ONNX file the job tuned (needed when the result does not carry it: "
-                            "a local path, PVC or another machine's file)")
-    p.set_defaults(func=run)
 
 
 def run(a: argparse.Namespace) -> int:

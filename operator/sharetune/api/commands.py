@@ -91,6 +91,13 @@ def merge(job_manifest: str, out: str, *, store: str | None = None, shards: int 
             *_opt("--metrics-port", metrics_port)]
 
 
+def result(action: str, where: str, out: str, *, namespace: str | None = None,
+           model: str | None = None) -> list[str]:
+    """A job's result fetched (``action`` "fetch") or its model compiled ("compile") into ``out``:
+    what `sharetune result` runs, its arguments passed on."""
+    return ["result", action, where, "--out", out, *_opt("--namespace", namespace), *_opt("--model", model)]
+
+
 def s3_cleanup(bucket: str, job_prefix: str) -> list[str]:
     """Deletes a job's objects from its bucket: every key under ``<job_prefix>/`` (the tuner adds
     the slash, so job "a" never takes the objects of job "ab")."""
