@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sharetune import result_cli as result_args
+from sharetune import result_args
 from sharetune.api.spec import SpecError, TuningJobSpec, load_job
 
 from .errors import TunerError

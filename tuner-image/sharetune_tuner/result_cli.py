@@ -1,6 +1,6 @@
 """`sharetune-tuner result fetch|compile WHERE -o DIR` (what `sharetune result` runs, in a child
 process): a job's result as users deploy it (result.py). Its arguments are `sharetune result`'s
-(``sharetune.result_cli``)."""
+(``sharetune.result_args``)."""
 
 from __future__ import annotations
 
