@@ -595,7 +595,7 @@ def _clients(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
     args = commands.client(JOB_MANIFEST, f"{POD_WORK_DIR}/shard", _tracker_addr(job), tracker_key(job),
                            spec.total_servers,
                            store=store_uri(job, spec), progress=_progress_uri(job, spec), metrics_port=METRICS_PORT,
-                           build_service=_builders_addr(job, spec))
+                           build_service=_builders_addr(job, spec), arch_from_servers=spec.target == "cuda")
     mvols, mmounts, menv = _model_volume(spec)
     c = _container(spec, image, "client", args, env=_store_env(spec) + menv + _builds_without_gpu(spec),
                    resources=spec.raw.get("clients", {}).get("resources"),

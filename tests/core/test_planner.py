@@ -118,6 +118,9 @@ def test_mps_job_daemon_servers_and_security() -> None:
     cenv = {e["name"]: e.get("value") for e in containers(clients)[0]["env"]}
     assert cenv["NVIDIA_VISIBLE_DEVICES"] == "void" and cenv["LD_LIBRARY_PATH"] == "/opt/sharetune/nocuda"
     assert "affinity" not in pod_spec(clients) and "nodeSelector" not in pod_spec(clients)
+    from sharetune_tuner.cli import build_parser
+
+    assert build_parser().parse_args(containers(clients)[0]["args"]).arch_from_servers  # asks them for the arch
     assert "resources" not in sc or "nvidia.com/gpu" not in str(sc["resources"])
     term = pod_spec(srv)["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
     assert term["topologyKey"] == "kubernetes.io/hostname"

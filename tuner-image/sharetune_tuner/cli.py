@@ -146,6 +146,8 @@ def _add_tuning_commands(sub: Any) -> None:
                    "pods); default: build in this client")
     c.add_argument("--session-runner", action="store_true",
                    help="keep one RPC session per runner worker (needs --servers <= this client's share)")
+    c.add_argument("--arch-from-servers", action="store_true",
+                   help="target cuda, no GPU seen here (a pod): ask the job's servers for the GPU's arch")
     _tracker_args(c)
     _common(c)
 
@@ -317,9 +319,10 @@ def _client(a: argparse.Namespace) -> int:
             # Model and target are loaded once the shard can report: a bad model (corrupt ONNX,
             # unreachable URL) then reaches the job's status as this shard's failure message.
             model = model_mod.load_for_spec(spec.model)
-            # A cluster's client sees no GPU: a cuda job's arch is then its servers' GPU's.
-            target = make_target(spec.target, spec.builder_workers,
-                                 ask_servers=lambda: servers_cuda_arch(host, port, a.key, a.tracker_wait))
+            # A pod's client sees no GPU: a cuda job's arch is then its servers' GPU's. A local
+            # client that finds none fails at once: the servers run on this machine too.
+            ask = (lambda: servers_cuda_arch(host, port, a.key, a.tracker_wait)) if a.arch_from_servers else None
+            target = make_target(spec.target, spec.builder_workers, ask_servers=ask)
             cfg = ClientConfig(job=spec.name, shard=a.shard, shards=shards, work_dir=a.work_dir,
                                tracker_host=host, tracker_port=port,
                                tracker_key=a.key, servers=a.servers or spec.servers.replicas,
