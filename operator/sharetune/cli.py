@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
 
-from . import result_cli, run_cli, smoke
+from . import library_cli, result_cli, run_cli, smoke
 
 COMMANDS_GROUP = "sharetune.commands"  # each entry point: a callable add_parser(sub)
 # The subcommands other distributions of this repository add: command -> (help, distribution, how to
@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     # `result` runs the tuner's CLI in a child process (compiling needs TVM): both must be installed.
     _add(sub, {"result": result_cli.HELP}, "pip install 'sharetune[tuner]'", lambda: result_cli.add_parser,
          needs=("sharetune_tuner", "tvm"))
+    _add(sub, {"library": library_cli.HELP}, "pip install 'sharetune[tuner]'", lambda: library_cli.add_parser,
+         needs=("sharetune_tuner",))
     # Subcommands of other installed distributions (sharetune-dev: `cluster`).
     found = sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name)
     for ep in found:
@@ -93,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["library"]:  # its arguments are the tuner's to parse, options and --help included
+        return library_cli.forward(argv[1:])
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

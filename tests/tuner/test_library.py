@@ -95,3 +95,33 @@ def test_a_library_uri_it_cannot_use_names_the_fix() -> None:
         library.open_library("gs://bucket/x")
     with pytest.raises(LibraryError, match="no bucket"):
         library.open_library("s3:///x")
+
+
+def test_the_cli_round_trip_with_stock_tvms_database(tmp_path: Path) -> None:
+    """`sharetune library import` takes a database stock TVM wrote, `ls` shows it, `export` gives
+    back one TVM reads, with the best record of each workload."""
+    import json
+    import subprocess
+    import sys
+
+    def sharetune(*args: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "sharetune.cli", "library", *args], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    db, lib = tmp_path / "db", str(tmp_path / "lib")
+    write_shard(db, [(16, 5e-6), (16, 3e-6), (32, 9e-6)])
+    added = json.loads(sharetune("import", lib, str(db), "--device", "Xeon 8480", "--job", "resnet-night"))
+    assert added["records"] == 2 and added["workloads"] == 2  # the schedule measured twice: once, fastest
+    (row,) = [json.loads(x) for x in sharetune("ls", lib, "--json").splitlines()]
+    assert (row["device"], row["share"], row["workloads"], row["records"], row["jobs"]) == ("Xeon 8480", 100, 2, 2, 1)
+    assert row["target"]["kind"] == "llvm"
+    out = tmp_path / "export"
+    assert json.loads(sharetune("export", lib, str(out), "--device", "Xeon 8480", "--target", "llvm"))["records"] == 2
+    got = ms.database.JSONDatabase(work_dir=str(out))
+    assert float(got.query_tuning_record(workload(16), TARGET, "main").run_secs[0]) == pytest.approx(3e-6)
+    # Another device's records are not there to export: the error names the fix.
+    r = subprocess.run([sys.executable, "-m", "sharetune.cli", "library", "export", lib, str(tmp_path / "x"),
+                        "--device", "H100"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "matches 0 targets" in r.stderr and "sharetune library ls" in r.stderr

@@ -31,6 +31,7 @@ from typing import Any
 from sharetune import result_args
 from sharetune.api.spec import SpecError, TuningJobSpec, load_job
 
+from . import library_cli
 from .errors import TunerError
 
 PROCESS_STARTED_AT = time.time()  # ~ the process's start: the client reports its start-up from here
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_gpu_and_rpc_commands(sub)
     _add_tuning_commands(sub)
     result_args.add_arguments(sub.add_parser("result", help=result_args.HELP))  # `sharetune result`'s own
+    library_cli.add_arguments(sub.add_parser("library", help=library_cli.HELP))  # `sharetune library`'s own
     return p
 
 
@@ -214,9 +216,13 @@ def run(a: argparse.Namespace) -> int:
     command = _COMMANDS.get(a.cmd)
     if command is None:
         raise AssertionError(a.cmd)
-    if a.cmd != "result":  # a user's command, which prints its own lines: no process log
+    if a.cmd not in ("result", "library"):  # a user's command, which prints its own lines: no process log
         setup_logging(a.verbose)
     return command(a)
+
+
+def _library(a: argparse.Namespace) -> int:
+    return library_cli.run(a)
 
 
 def _result(a: argparse.Namespace) -> int:
@@ -416,7 +422,7 @@ def _merge(a: argparse.Namespace) -> int:
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "tracker": _tracker, "server": _server, "mps-dir": _mps_dir, "mps-daemon": _mps_daemon,
     "build-service": _build_service, "client": _client, "merge": _merge, "s3-cleanup": _s3_cleanup,
-    "result": _result,
+    "result": _result, "library": _library,
 }
 
 
