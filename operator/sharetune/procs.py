@@ -155,3 +155,31 @@ def stop_all(procs: list[ProcessGroup], grace_s: float = 10.0) -> None:
     """Stops ``procs`` in reverse start order (clients before the services they use)."""
     for p in reversed(procs):
         p.stop(grace_s)
+
+
+def stop_untracked_children(tracked: set[int]) -> list[int]:
+    """SIGKILLs the process group of every live child of this process that leads its own group
+    (as :class:`ProcessGroup` starts them) and is not in ``tracked``: one whose start was cut
+    short by a signal after the fork, before its Popen was recorded. Linux (/proc); returns them."""
+    me, out = os.getpid(), []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) in tracked:
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ...
+        pid = int(d.name)
+        if fields[0] != "Z" and int(fields[1]) == me and int(fields[2]) == pid:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+                out.append(pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+    for pid in out:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    return out

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sharetune.api.summary import Summary
+from sharetune.procs import stop_untracked_children
 
 from .interrupts import interrupted, raise_stopped
 
@@ -70,6 +71,9 @@ def run(a: argparse.Namespace) -> int:
         return int(e.exit_code if isinstance(e, (TunerError, RunFailed)) else ExitCode.UNEXPECTED)
     finally:
         lr.stop_all()
+        # A child whose start a Ctrl-C cut short inside Popen ran unrecorded: this process is
+        # about to exit, and every child it has left is the run's.
+        stop_untracked_children(set())
     summary.tuning_s = round(tune_s, 1)
     summary.trials_per_s = round(summary.records / tune_s, 3)
     _print_summary(console, summary, workdir)

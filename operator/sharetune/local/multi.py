@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sharetune.gpus import gpu_count
+from sharetune.procs import stop_untracked_children
 
 from .interrupts import interrupted, raise_stopped
 from .pool import LocalJob, LocalPool, host_clients, note_co_tenants, pooled, start
@@ -105,6 +106,7 @@ def run_many(paths: list[Path], workdir: Path | None, json_out: Path | None, con
             if j.thread is not None:
                 j.thread.join(timeout=60)
         pool.stop()
+        stop_untracked_children(set())  # every run has stopped: any child left started unrecorded
     summaries = [job_summary(j) for j in jobs]
     _print(console, summaries, time.time() - t0)
     if json_out:

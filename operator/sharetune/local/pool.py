@@ -98,8 +98,9 @@ class LocalPool:
                "CUDA_MPS_LOG_DIRECTORY": str(d / "log"), "PYTHONUNBUFFERED": "1"}
         daemon = ProcessGroup(f"pool-gpu{index}", [sys.executable, "-m", "sharetune_tuner.cli",
                                                    *commands.pool_daemon(str(d / "pipe"), str(d / "log"))],
-                              self.root / f"pool-gpu{index}.log", env).start()
-        self.daemons[index] = daemon
+                              self.root / f"pool-gpu{index}.log", env)
+        self.daemons[index] = daemon  # listed before it starts: a stop that lands meanwhile finds it
+        daemon.start()
         _wait_until(lambda: (d / "pipe" / MPS_READY_FILE).exists() or daemon.poll() is not None, 15.0)
         if daemon.poll() is not None:
             raise RuntimeError(f"the MPS daemon of GPU {index} exited with {daemon.poll()}:\n{daemon.tail()}")

@@ -173,10 +173,11 @@ class LocalRun:
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> ProcessGroup:
         port = free_port()
         p = ProcessGroup(name, [sys.executable, "-m", "sharetune_tuner.cli", *args, "--metrics-port", str(port)],
-                         self.workdir / "logs" / f"{name}.log", env or self._base_env()).start()
+                         self.workdir / "logs" / f"{name}.log", env or self._base_env())
+        # Listed before it starts: a Ctrl-C that lands while it starts still finds it (stop_all).
         self.procs.append(p)
         self.metrics_ports[name] = port
-        return p
+        return p.start()
 
     def shard_dir(self, i: int) -> Path:
         return self.workdir / "shards" / f"shard-{i}"
