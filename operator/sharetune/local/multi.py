@@ -51,6 +51,11 @@ def job_summary(job: LocalJob) -> dict[str, Any]:
     return s
 
 
+def _columns() -> list[Any]:
+    return [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn()]
+
+
 def run_many(paths: list[Path], workdir: Path | None, json_out: Path | None, console: Console) -> int:
     root = (workdir or Path("runs")).resolve()
     try:
@@ -63,11 +68,9 @@ def run_many(paths: list[Path], workdir: Path | None, json_out: Path | None, con
     signal.signal(signal.SIGTERM, raise_stopped)
     console.print(f"{len(jobs)} jobs" + (f", {gpus} GPU(s) shared through one MPS daemon each" if gpus else "")
                   + f"  (folders: {root}/<job>)")
-    cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"), TimeElapsedColumn()]
     t0 = time.time()
     try:
-        with Progress(*cols, console=console, transient=False) as bar:
+        with Progress(*_columns(), console=console, transient=False) as bar:
             rows = {j.spec.name: bar.add_task(f"[bold]{j.spec.name}", total=None, info="queued") for j in jobs}
             # CPU jobs, and cuda jobs on a machine without a GPU, have no share to wait for
             free = [j for j in jobs if not pooled(j.spec) or not gpus]
