@@ -30,6 +30,31 @@ def nvml_cuda_arch() -> str:
     return arch_of(int(major), int(minor))
 
 
+def nvml_gpu_name() -> str:
+    """GPU 0's model name via NVML, e.g. "NVIDIA H100 80GB HBM3"."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+    finally:
+        pynvml.nvmlShutdown()
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def cpu_model() -> str:
+    """This machine's CPU model name (/proc/cpuinfo; the platform's processor elsewhere)."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"
+
+
 def cuda_arch(otherwise: Callable[[], str] | None = None) -> str:
     """The arch to tune for: ``SHARETUNE_CUDA_ARCH``, else GPU 0's, else (when given) what
     ``otherwise`` finds; else a TargetError that says how to name one."""

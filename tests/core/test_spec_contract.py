@@ -26,6 +26,10 @@ CONTEXT: dict[str, dict[str, Any]] = {
     "spec.gpuSharing.share": {"servers": {"replicas": 1}},
     # builders: the section's presence asks for builder pods; the autoscaler scales on a CPU request
     "spec.builders": {"builders": {}},
+    # a library's mode needs a library; each location its required fields
+    "spec.library.mode": {"library": {"path": "/var/lib/tuning"}},
+    "spec.library.pvc": {"library": {"pvc": {"claimName": "tuning-library"}}},
+    "spec.library.s3": {"library": {"s3": {"bucket": "lib", "credentialsSecret": {"name": "creds"}}}},
     "spec.builders.autoscale": {"builders": {"autoscale": {"maxReplicas": 256},
                                              "resources": {"requests": {"cpu": "1"}}}},
 }

@@ -49,6 +49,7 @@ class Measured:
     hashes: set[int] = field(default_factory=set)
     dropped: int = 0
     from_database: bool = False
+    seeded: bool = False  # the task's library schedules were handed to a strategy (warm_start.py)
 
 
 def database_picks(strategy: Any) -> int:
@@ -78,10 +79,14 @@ def best_in_database(context: Any, database: Any, k: int) -> set[int]:
 class CappedSearch(ms.search_strategy.PySearchStrategy):
     """``inner`` for at most ``cap`` measured candidates, none of them twice."""
 
-    def __init__(self, inner: Any, cap: int, measured: Measured | None = None) -> None:
+    def __init__(self, inner: Any, cap: int, measured: Measured | None = None, seeds: list[Any] | None = None) -> None:
         super().__init__()
         self.inner, self.cap = inner, cap
         self.measured = measured if measured is not None else Measured()
+        # Library entries (warm_start.py) measured as the task's first batch, before any search;
+        # that batch is not the inner strategy's, so its results are not reported to it.
+        self.seeds = list(seeds or [])
+        self.seed_batch = False
         self.proposed = 0  # candidates handed to the scheduler in this call
         self.context: Any = None
 
@@ -104,8 +109,29 @@ class CappedSearch(ms.search_strategy.PySearchStrategy):
     def post_tuning(self) -> None:
         self.inner.post_tuning()
 
+    def _seed_batch(self, left: int) -> list[Any]:
+        from .warm_start import seed_candidates
+
+        seeds, self.seeds = self.seeds, []
+        fresh: dict[int, Any] = {}
+        for c in seed_candidates(self.context, seeds):
+            h = tvm_ffi.structural_hash(c.sch.mod)
+            if h not in self.measured.hashes and h not in fresh and len(fresh) < left:
+                fresh[h] = c
+        self.measured.hashes.update(fresh)
+        self.proposed += len(fresh)
+        if fresh:
+            log.info("task %s: first measures %d schedules from the tuning library", self.context.task_name, len(fresh))
+        return list(fresh.values())
+
     def generate_measure_candidates(self) -> list[Any] | None:
         left = self.cap - self.proposed
+        if self.seeds and left > 0:
+            batch = self._seed_batch(left)
+            if batch:
+                self.seed_batch = True
+                return batch
+            left = self.cap - self.proposed
         for _ in range(MAX_EMPTY_BATCHES + 1):
             if left <= 0:
                 return None
@@ -131,8 +157,12 @@ class CappedSearch(ms.search_strategy.PySearchStrategy):
         return None
 
     def notify_runner_results(self, measure_candidates: Any, results: Any) -> None:
+        if self.seed_batch:  # the library's batch: not one the inner strategy proposed
+            self.seed_batch = False
+            return
         self.inner.notify_runner_results(measure_candidates, results)
 
     def clone(self) -> Any:
-        # TuneContext.clone() clones its strategy: the clone keeps the cap and the shared record.
-        return CappedSearch(self.inner.clone(), self.cap, self.measured)
+        # TuneContext.clone() clones its strategy: the clone keeps the cap, the shared record and
+        # the seeds not yet handed out.
+        return CappedSearch(self.inner.clone(), self.cap, self.measured, self.seeds)

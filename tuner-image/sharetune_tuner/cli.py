@@ -128,6 +128,27 @@ def _add_gpu_and_rpc_commands(sub: Any) -> None:
     _common(s)
 
 
+def _library_args(p: Any) -> None:
+    """The tuning library a client starts from and a merge adds to (warm_start.py)."""
+    p.add_argument("--library", default=None, metavar="URI",
+                   help="the tuning library: a directory or s3://bucket/prefix (credentials as "
+                   "SHARETUNE_LIBRARY_AWS_ACCESS_KEY_ID etc., else the store's)")
+    p.add_argument("--library-scope", default="default", help="the library's scope (a cluster's jobs: their namespace)")
+    p.add_argument("--library-mode", default="warm", choices=["none", "warm", "reuse"])
+
+
+def _library_use(a: argparse.Namespace, spec: Any, ask_name: Callable[[], str] | None = None) -> Any:
+    """The job's library use (None: none): measuring on this job's device at its servers' share."""
+    if not a.library or a.library_mode == "none":
+        return None
+    from .library import Where
+    from .targets import device_model
+    from .warm_start import LibraryUse
+
+    share = spec.servers.thread_percentage if spec.uses_mps else 100
+    return LibraryUse(a.library, a.library_scope, a.library_mode, Where(device_model(spec.target, ask_name), share))
+
+
 def _add_tuning_commands(sub: Any) -> None:
     """A shard's client, the build service, the merge and the S3 clean-up."""
     c = sub.add_parser("client", help="tune one shard of the model's tasks")
@@ -150,6 +171,7 @@ def _add_tuning_commands(sub: Any) -> None:
                    help="keep one RPC session per runner worker (needs --servers <= this client's share)")
     c.add_argument("--arch-from-servers", action="store_true",
                    help="target cuda, no GPU seen here (a pod): ask the job's servers for the GPU's arch")
+    _library_args(c)
     _tracker_args(c)
     _common(c)
 
@@ -169,6 +191,9 @@ def _add_tuning_commands(sub: Any) -> None:
     g.add_argument("--progress", default=None, help="configmap://ns/job: also put summary.json in the result "
                    "ConfigMap (when --store is s3)")
     g.add_argument("--out", type=Path, required=True, help="output directory (records + summary.json)")
+    _library_args(g)
+    g.add_argument("--library-job", default=None, metavar="ID",
+                   help="the job's id in the library (a TuningJob's uid; default: the job's name)")
     _common(g)
 
     d = sub.add_parser("s3-cleanup", help="delete a job's objects from its S3 bucket (credentials and endpoint "
@@ -304,7 +329,7 @@ def _s3_cleanup(a: argparse.Namespace) -> int:
 def _client(a: argparse.Namespace) -> int:
     from . import model as model_mod
     from .client import ClientConfig, run_client
-    from .targets import make_target, servers_cuda_arch
+    from .targets import make_target, servers_cuda_arch, servers_gpu_name
 
     spec = _load_spec(a.job)
     shards = a.shards or spec.shards
@@ -329,6 +354,8 @@ def _client(a: argparse.Namespace) -> int:
             # client that finds none fails at once: the servers run on this machine too.
             ask = (lambda: servers_cuda_arch(host, port, a.key, a.tracker_wait)) if a.arch_from_servers else None
             target = make_target(spec.target, spec.builder_workers, ask_servers=ask)
+            ask_name = ((lambda: servers_gpu_name(host, port, a.key, a.tracker_wait)) if a.arch_from_servers
+                        else None)
             cfg = ClientConfig(job=spec.name, shard=a.shard, shards=shards, work_dir=a.work_dir,
                                tracker_host=host, tracker_port=port,
                                tracker_key=a.key, servers=a.servers or spec.servers.replicas,
@@ -337,7 +364,7 @@ def _client(a: argparse.Namespace) -> int:
                                seed=spec.seed, builder_workers=spec.builder_workers,
                                clients_on_host=a.clients_on_host, build_service=a.build_service,
                                tracker_wait_s=a.tracker_wait, session_runner=a.session_runner,
-                               process_started_at=PROCESS_STARTED_AT)
+                               process_started_at=PROCESS_STARTED_AT, library=_library_use(a, spec, ask_name))
             if sync is not None:
                 cfg.on_round = sync.poke
                 cfg.store_ahead = sync.write_ahead
@@ -406,7 +433,7 @@ def _merge(a: argparse.Namespace) -> int:
     for i, d in enumerate(shard_dirs):  # the clients' logs travel with their records
         if (d / CLIENT_LOG).exists():
             shutil.copyfile(d / CLIENT_LOG, a.out / "logs" / f"{shard_object(i)}.log")
-    summary = merge_and_report(spec, shard_dirs, a.out)
+    summary = merge_and_report(spec, shard_dirs, a.out, _library_use(a, spec), a.library_job)
     if store is not None:
         store.put(RESULT_OBJECT, pack(a.out, ["records", "best", SUMMARY_FILE, "logs"]),
                   extra={SUMMARY_FILE: summary.to_json()})

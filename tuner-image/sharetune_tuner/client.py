@@ -8,6 +8,7 @@ remaining trials of each task: no trial is redone.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -32,6 +33,7 @@ from .errors import TrackerError, TunerError
 from .intrinsics import ensure_registered
 from .partition import budgets, partition, to_tune, useful_shards
 from .tasks import Task, extract
+from .warm_start import SEEDS_PER_TASK, LibraryUse, Lookup, library_lookup, pretrain, reused_budgets
 from .write_ahead import RecordLines, StoreAhead
 
 log = logging.getLogger("sharetune.client")
@@ -87,6 +89,7 @@ class ClientConfig:
     trials_per_task: int
     trials_per_iter: int = 8
     cost_model: str = "xgb"
+    library: LibraryUse | None = None  # spec.library: warm or reuse (warm_start.py)
     seed: int = 0
     builder_workers: int | None = None  # None: cpus.default_builder_workers(clients_on_host)
     clients_on_host: int = 1  # clients sharing this host's CPUs (local mode: every job's shards)
@@ -280,7 +283,8 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     tasks = extract(model.mod, target)
     progress.startup["extract_s"] = round(time.monotonic() - t0, 2)
     plan = plan_shard(tasks, cfg)
-    _budget_progress(cfg, plan, progress)
+    found = _library_lookup(cfg, target, plan, progress)
+    _budget_progress(cfg, plan if found is None else found[1], progress)
     log.info("shard %d/%d: %d of %d tasks, %d trials budgeted, %d already in the database",
              cfg.shard, cfg.shards, len(plan.tasks), len(tasks), progress.budget, progress.resumed)
     todo = [(t, tp) for t, tp in zip(plan.tasks, progress.tasks) if tp.budget - tp.done > 0]
@@ -307,10 +311,31 @@ def run_client(cfg: ClientConfig, model: Any, target: Any) -> Progress:
     progress.startup["tracker_wait_s"] = round(time.monotonic() - t0, 2)
     progress.state = "tuning"
     progress.write(progress_path)
-    _ShardTuning(cfg, progress, progress_path, todo).run()
+    _ShardTuning(cfg, progress, progress_path, todo, target, found[0] if found else None).run()
     progress.state = "done"
     progress.write(progress_path)
     return progress
+
+
+def _library_lookup(cfg: ClientConfig, target: Any, plan: ShardPlan,
+                    progress: Progress) -> tuple[Lookup, ShardPlan] | None:
+    """The library's records for this target and device (None: the job uses no library); with
+    ``reuse``, the plan without the tasks it already holds ``trials_per_task`` trials of, their
+    trials given to the shard's other tasks."""
+    use = cfg.library
+    found = library_lookup(use, target)
+    if use is None or found is None:
+        return None
+    if use.mode != "reuse":
+        return found, plan
+    workload_of = {t.info.key: t.info.workload_hash for t in plan.tasks}
+    budget, reused = reused_budgets(plan.budget, workload_of, found, cfg.trials_per_task)
+    names = {t.info.key: t.info.name for t in plan.tasks}
+    progress.tasks_from_library = sorted(names[k] for k in reused)
+    if reused:
+        log.info("library: %d tasks not tuned again (%s): it holds %d or more trials of each",
+                 len(reused), ", ".join(progress.tasks_from_library), cfg.trials_per_task)
+    return found, dataclasses.replace(plan, budget=budget)
 
 
 def _budget_progress(cfg: ClientConfig, plan: Any, progress: Progress) -> None:
@@ -366,10 +391,11 @@ class _ShardTuning:
     shard's tasks."""
 
     def __init__(self, cfg: ClientConfig, progress: Progress, progress_path: Path,
-                 todo: list[tuple[Any, TaskProgress]]) -> None:
+                 todo: list[tuple[Any, TaskProgress]], target: Any = None, library: Lookup | None = None) -> None:
         from tvm.s_tir import meta_schedule as ms
 
         self.cfg, self.progress, self.progress_path, self.todo = cfg, progress, progress_path, todo
+        self.library = library
         self.cores = cfg.builder_workers or default_builder_workers(cfg.clients_on_host)
         self.builder = _builder(cfg, self.cores)
         # The runner workers (processes started from here, inheriting the environment) note each
@@ -380,6 +406,12 @@ class _ShardTuning:
         self.database = ms.database.JSONDatabase(work_dir=str(cfg.work_dir))
         cm_threads = cost_model_threads(cfg.clients_on_host)
         self.cost_model = ms.CostModel.create(cfg.cost_model, num_tuning_cores=cm_threads)
+        if library is not None:
+            t0 = time.monotonic()
+            learnt = pretrain(self.cost_model, target, library)
+            self.progress.library_records += learnt
+            self.progress.startup["library_pretrain_s"] = round(time.monotonic() - t0, 2)
+            log.info("cost model trained on %d library records before the first round", learnt)
         log.info("threads: search %d, cost model %d (%d clients on this host); search while the cost model is "
                  "cold: %s", self.cores, cm_threads, cfg.clients_on_host, cfg.cold_search)
         # Per task of todo: the candidates measured (CappedSearch drops them again); a resumed
@@ -419,6 +451,15 @@ class _ShardTuning:
             log.info("candidates built: remote %d, here %d, retried %d, waited %.1f s for a builder",
                      b.remote_builds, b.local_builds, b.retried, b.waited_s)
 
+    def _seeds(self, i: int, tp: TaskProgress) -> list[Any]:
+        """A fresh task's library schedules, measured in its first round (once per process)."""
+        if self.library is None or tp.done > 0 or self.measured[i].seeded:
+            return []
+        self.measured[i].seeded = True
+        seeds = self.library.best(tp.workload_hash, min(SEEDS_PER_TASK, self.cfg.trials_per_iter))
+        self.progress.library_records += len(seeds)
+        return seeds
+
     def tune(self, group: list[tuple[int, int]], search: str) -> None:
         """One ``tune_tasks`` call over ``group`` ((index in todo, trials it gets here)), each
         task held to its own trials (CappedSearch) and interleaved round-robin."""
@@ -431,7 +472,7 @@ class _ShardTuning:
         for i, trials in group:
             task, tp = self.todo[i]
             log.info("task %s: %d trials by %s search", task.info.name, trials, search)
-            strategy = CappedSearch(search_strategy(cfg, search), trials, self.measured[i])
+            strategy = CappedSearch(search_strategy(cfg, search), trials, self.measured[i], self._seeds(i, tp))
             c, w = ms.relax_integration.extracted_tasks_to_tune_contexts(
                 [task.extracted], work_dir=str(cfg.work_dir / "logs"), strategy=strategy, num_threads=self.cores,
                 seed=cfg.seed * 1000 + cfg.shard * 100 + i + tp.done)

@@ -37,6 +37,9 @@ from .records import mean_secs, read_lines
 
 VERSION = 1
 FULL_SHARE = 100
+# The library's own S3 credentials and endpoint (SHARETUNE_LIBRARY_AWS_ACCESS_KEY_ID, ...,
+# SHARETUNE_LIBRARY_S3_ENDPOINT), each falling back to the job output store's variable.
+LIBRARY_ENV_PREFIX = "SHARETUNE_LIBRARY_"
 
 
 class LibraryError(TunerError):
@@ -107,7 +110,7 @@ class S3Backend:
 
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}"
-        self.s3 = s3_client()
+        self.s3 = s3_client(LIBRARY_ENV_PREFIX)
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name

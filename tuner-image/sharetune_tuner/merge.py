@@ -30,12 +30,13 @@ from sharetune.api.spec import TuningJobSpec, useful_minimum
 from sharetune.api.summary import UNTUNED, Summary, TaskSummary
 from sharetune.api.topology import SUMMARY_FILE
 
-from . import measure_window, records
+from . import library, measure_window, records
 from .errors import TunerError
 from .model import LoadedModel, load_for_spec, model_errors
 from .partition import budgets
 from .targets import device_for, make_target
 from .tasks import extract
+from .warm_start import LibraryUse, Lookup, library_lookup
 
 log = logging.getLogger("sharetune.merge")
 
@@ -272,24 +273,79 @@ def _untuned_and_tuned(model: Any, target: Any, dev: Any, x: Any, best: Path | N
     return untuned, tuned, lat_untuned, lat_tuned, err
 
 
-def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> Summary:
+def with_library(candidates: list[Any], found: Lookup | None,
+                 model_workloads: set[str]) -> tuple[list[Any], set[str]]:
+    """The job's best record per workload, where the library's best (same target, device, share)
+    was measured faster, or the job has none, replaced by the library's: returns the candidates
+    and the workloads whose candidate came from the library."""
+    if found is None:
+        return candidates, set()
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+
+    by_wl = {str(tvm_ffi.structural_hash(r.workload.mod)): r for r in candidates}
+    from_library: set[str] = set()
+    for wl in sorted(model_workloads):
+        best = found.best(wl, 1)
+        if not best or wl not in found.irs:
+            continue
+        mine = by_wl.get(wl)
+        if mine is not None and (records.mean_secs([float(s) for s in mine.run_secs]) or 1e10) <= best[0].secs:
+            continue
+        workload = ms.database.Workload.from_json([wl, found.irs[wl]])
+        by_wl[wl] = ms.database.TuningRecord.from_json(best[0].record, workload)
+        from_library.add(wl)
+    return list(by_wl.values()), from_library
+
+
+def add_to_library(use: LibraryUse, job_id: str, records_dir: Path) -> int:
+    """The job's measured records into the library (its own object: library.add); returns how many."""
+    obj = library.contribution(records_dir, job_id, use.where)
+    try:
+        library.add(use.open(), use.scope, job_id.replace("/", "-"), obj)
+    except library.LibraryError as e:  # the job's result stands; the library misses this job
+        log.warning("%s; the job's records are in its result (sharetune library import adds them later)", e)
+        return 0
+    log.info("added %d records to the tuning library %s (scope %s)", len(obj["records"]), use.uri, use.scope)
+    return len(obj["records"])
+
+
+def _serve_and_write(summary: Summary, spec: TuningJobSpec, model: Any, delivered: Any, x: Any, out: Path,
+                     alone: measure_window.AloneMeasurements) -> None:
+    """The delivered model's serving report into ``summary``, then ``summary`` into ``out``."""
+    from .serving import KEY as SERVING_KEY
+
+    serving = _serving(spec, model, delivered, x, out, alone)
+    summary.latency_ms_by_serving_pct = serving[SERVING_KEY]
+    summary.serving_report = serving["serving_report"]
+    summary.measurement = alone.summary()
+    summary.write(out / SUMMARY_FILE)
+
+
+def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path, use: LibraryUse | None = None,
+                     job_id: str | None = None) -> Summary:
     from tvm.s_tir import meta_schedule as ms
 
     t0 = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     counts = records.merge(shard_dirs, out / "records", out / "best")
-    if counts["records_in"] == 0:
+    if counts["records_in"] == 0 and use is None:
         raise TunerError(f"no tuning records in {', '.join(map(str, shard_dirs))}")
     model = load_for_spec(spec.model)
     target = make_target(spec.target, spec.builder_workers)
     dev = device_for(spec.target)
     x = model.sample_input(seed=spec.seed)
+    workload_names = {t.info.workload_hash: t.info.name for t in extract(model.mod, target)}
+    candidates, from_library = with_library(
+        ms.database.JSONDatabase(work_dir=str(out / "best")).get_all_tuning_records(), library_lookup(use, target),
+        set(workload_names))
+    if not candidates:
+        raise TunerError(f"no tuning records in {', '.join(map(str, shard_dirs))} nor in the tuning library")
 
     # Per task: the best record against TVM's default schedule; best/ keeps the winners only.
     # On a shared GPU every measurement below runs alone: co-tenants hold theirs back meanwhile.
     alone = measure_window.AloneMeasurements(measure_window.tenant(spec.name))
-    verdicts = judge_tasks(ms.database.JSONDatabase(work_dir=str(out / "best")).get_all_tuning_records(),
-                           target, dev, alone)
+    verdicts = judge_tasks(candidates, target, dev, alone)
     kept = [v["record"] for v in verdicts.values() if v["winner"] == TUNED]
     write_db(out / "best", kept)
 
@@ -316,14 +372,12 @@ def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path) -> 
         max_relative_error=err, tasks=tasks,
         tasks_left_at_default=[t.name for t in tasks if t.budget == 0],
         tasks_default_won=[t.name for t in tasks if t.winner == DEFAULT],
+        tasks_from_library=sorted(workload_names[w] for w in from_library
+                                  if improved and verdicts[w]["winner"] == TUNED),
         merge_s=round(time.monotonic() - t0, 2))
-    from .serving import KEY as SERVING_KEY
-
-    serving = _serving(spec, model, delivered, x, out, alone)
-    summary.latency_ms_by_serving_pct = serving[SERVING_KEY]
-    summary.serving_report = serving["serving_report"]
-    summary.measurement = alone.summary()
-    summary.write(out / SUMMARY_FILE)
+    if use is not None and counts["records_in"]:
+        summary.library_records_added = add_to_library(use, job_id or spec.name, out / "records")
+    _serve_and_write(summary, spec, model, delivered, x, out, alone)
     log.info("merged %d records; %d of %d tuned tasks beat their defaults; untuned %.3f ms, tuned records %s ms: "
              "delivered the %s model (%.2fx)", summary.records, len(kept), len(verdicts),
              summary.latency_untuned_ms, summary.latency_records_ms, summary.delivered, summary.speedup)

@@ -177,15 +177,22 @@ class ConfigMapStore:
         return base64.b64decode(blob) if blob else None
 
 
-def s3_client() -> Any:
+def s3_client(env_prefix: str = "") -> Any:
     """An S3 client from the environment: credentials and region as boto3 reads them
     (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION), the endpoint from
-    SHARETUNE_S3_ENDPOINT (an S3-compatible store; unset: AWS)."""
+    SHARETUNE_S3_ENDPOINT (an S3-compatible store; unset: AWS). ``env_prefix``: the same variables
+    with this prefix come first (the tuning library's own bucket: ``SHARETUNE_LIBRARY_``)."""
     import boto3
     from botocore.config import Config
 
+    def env(name: str) -> str | None:
+        return os.environ.get(env_prefix + name) or os.environ.get(name) or None
+
+    endpoint = (os.environ.get(env_prefix + "S3_ENDPOINT") if env_prefix else None) or \
+        os.environ.get("SHARETUNE_S3_ENDPOINT") or None
     # Retries with backoff: an S3 server that is away for a minute must not lose records.
-    return boto3.client("s3", endpoint_url=os.environ.get("SHARETUNE_S3_ENDPOINT") or None,
+    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=env("AWS_ACCESS_KEY_ID"),
+                        aws_secret_access_key=env("AWS_SECRET_ACCESS_KEY"), region_name=env("AWS_DEFAULT_REGION"),
                         config=Config(retries={"max_attempts": 10, "mode": "standard"},
                                       connect_timeout=5, read_timeout=30))
 

@@ -25,9 +25,9 @@ def cuda_arch(ask_servers: Callable[[], str] | None = None) -> str:
     return gpus.cuda_arch(ask_servers)
 
 
-def servers_cuda_arch(host: str, port: int, key: str, timeout_s: float) -> str:
-    """The arch of the GPU behind the job's servers: one short RPC session through the tracker
-    (waiting up to ``timeout_s`` for a server to register), asking its device 0."""
+def _servers_gpu(host: str, port: int, key: str, timeout_s: float) -> tuple[str, str]:
+    """The compute version and name of the GPU behind the job's servers: one short RPC session
+    through the tracker (waiting up to ``timeout_s`` for a server to register), asking its device 0."""
     from tvm import rpc
 
     from .client import wait_for_tracker
@@ -36,16 +36,39 @@ def servers_cuda_arch(host: str, port: int, key: str, timeout_s: float) -> str:
     try:
         sess = rpc.connect_tracker(host, port).request(key, priority=1, session_timeout=60)
         dev = sess.cuda(0)
-        version = str(dev.compute_version) if dev.exist else None
+        version, name = (str(dev.compute_version), str(dev.device_name)) if dev.exist else (None, None)
     except Exception as e:  # a server built without CUDA, a dropped session, ...
         raise TargetError(f"target cuda: could not ask the job's servers for their GPU ({type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else 'no detail'}); set {ARCH_ENV}=sm_XY "
                           "to name the architecture") from None
-    if not version:
+    if not version or not name:
         raise TargetError(f"target cuda: the job's servers see no GPU; give them one, or set {ARCH_ENV}=sm_XY "
                           "to tune for a GPU elsewhere")
-    major, _, minor = version.partition(".")
+    return version, name
+
+
+def servers_cuda_arch(host: str, port: int, key: str, timeout_s: float) -> str:
+    """The arch of the GPU behind the job's servers (:func:`_servers_gpu`)."""
+    major, _, minor = _servers_gpu(host, port, key, timeout_s)[0].partition(".")
     return arch_of(int(major), int(minor or 0))
+
+
+def servers_gpu_name(host: str, port: int, key: str, timeout_s: float) -> str:
+    """The model name of the GPU behind the job's servers (:func:`_servers_gpu`)."""
+    return _servers_gpu(host, port, key, timeout_s)[1]
+
+
+def device_model(kind: str, ask_servers: Callable[[], str] | None = None) -> str:
+    """What a job measures on, as the tuning library keys it: the GPU's model name (NVML; a pod's
+    client, which sees no GPU, asks the job's servers) or the CPU's."""
+    if kind == "cuda":
+        try:
+            return gpus.nvml_gpu_name()
+        except Exception as e:  # no NVIDIA library or GPU here
+            if ask_servers is not None:
+                return ask_servers()
+            raise TargetError(f"target cuda: no GPU here to name the tuning library's device ({e})") from None
+    return gpus.cpu_model()
 
 
 def make_target(kind: str, cpu_cores: int | None = None, ask_servers: Callable[[], str] | None = None) -> Any:

@@ -63,11 +63,18 @@ def server(spec: TuningJobSpec, tracker_addr: str, key: str, port: int, port_end
             *(["--require-mps"] if require_mps else []), *_opt("--metrics-port", metrics_port)]
 
 
+def library(uri: str | None, scope: str, mode: str) -> list[str]:
+    """The tuning library a client starts from and a merge adds to; nothing without one."""
+    if not uri or mode == "none":
+        return []
+    return ["--library", uri, "--library-scope", scope, "--library-mode", mode]
+
+
 def client(job_manifest: str, work_dir: str, tracker_addr: str, key: str, servers: int, *,
            shard: int | None = None, shards: int | None = None, store: str | None = None,
            progress: str | None = None, clients_on_host: int | None = None, session_runner: bool = False,
            build_service: str | None = None, metrics_port: int | None = None,
-           arch_from_servers: bool = False) -> list[str]:
+           arch_from_servers: bool = False, library_args: list[str] | None = None) -> list[str]:
     """A shard's client. In a pod ``shard`` is left out: the Indexed Job's completion index is it.
     ``arch_from_servers``: a client that sees no GPU (a pod) asks the job's servers for the cuda arch."""
     return ["client", "--job", job_manifest, *_opt("--shard", shard), *_opt("--shards", shards),
@@ -75,7 +82,7 @@ def client(job_manifest: str, work_dir: str, tracker_addr: str, key: str, server
             *(["--session-runner"] if session_runner else []), *(["--arch-from-servers"] if arch_from_servers else []),
             *_opt("--clients-on-host", clients_on_host),
             *_opt("--build-service", build_service), *_opt("--store", store), *_opt("--progress", progress),
-            *_opt("--metrics-port", metrics_port)]
+            *_opt("--metrics-port", metrics_port), *(library_args or [])]
 
 
 def build_service(listen: str, metrics_port: int | None = None, workers: int | None = None) -> list[str]:
@@ -86,12 +93,14 @@ def build_service(listen: str, metrics_port: int | None = None, workers: int | N
 
 def merge(job_manifest: str, out: str, *, store: str | None = None, shards: int | None = None,
           shard_dirs: list[str] | None = None, result_configmap: str | None = None, progress: str | None = None,
-          metrics_port: int | None = None) -> list[str]:
+          metrics_port: int | None = None, library_args: list[str] | None = None,
+          library_job: str | None = None) -> list[str]:
     """The merge: shards from ``store`` (pods) or from ``shard_dirs`` (local mode)."""
     return ["merge", "--job", job_manifest, *_opt("--store", store), *_opt("--shards", shards),
             *[a for d in shard_dirs or [] for a in ("--shard-dir", d)], "--out", out,
             *_opt("--result-configmap", result_configmap), *_opt("--progress", progress),
-            *_opt("--metrics-port", metrics_port)]
+            *_opt("--metrics-port", metrics_port), *(library_args or []),
+            *(_opt("--library-job", library_job) if library_args else [])]
 
 
 def result(action: str, where: str, out: str, *, namespace: str | None = None,

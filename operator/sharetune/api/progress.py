@@ -67,6 +67,10 @@ class Progress:
     # Where the start-up went, seconds (process start to run_client, extraction, tensor
     # intrinsics, tracker wait, first round's records): start-up is fixed cost on every shard.
     startup: dict[str, Any] = field(default_factory=dict)
+    # The tuning library (spec.library): tasks not tuned because it holds them (reuse), and the
+    # library records this shard started from (its tasks' first rounds and its cost model).
+    tasks_from_library: list[str] = field(default_factory=list)
+    library_records: int = 0
     version: int = VERSION
 
     @property
@@ -102,9 +106,12 @@ class Progress:
         co = kw.get("co_tenants")
         kw["co_tenants"] = {str(k): int(v) for k, v in co.items()} if isinstance(co, dict) else {}
         kw["tasks"] = [TaskProgress.from_dict(t) for t in d.get("tasks") or [] if isinstance(t, dict)]
+        lib = d.get("tasks_from_library")
+        kw["tasks_from_library"] = [str(t) for t in lib] if isinstance(lib, list) else []
         kw.setdefault("version", 0)  # written before the field existed
         return cls(job=str(d.get("job", "")), shard=int(d.get("shard", 0)), shards=int(d.get("shards", 1)), **kw)
 
 
-_INTS = ("budget", "done", "resumed", "errors", "measured_alone", "measured_beside_others", "unfenced", "version")
+_INTS = ("budget", "done", "resumed", "errors", "library_records", "measured_alone", "measured_beside_others",
+         "unfenced", "version")
 _OPTIONAL_INTS = ("useful_shards", "tasks_total", "tasks_to_tune")

@@ -48,7 +48,7 @@ _IMAGE = re.compile(IMAGE_PATTERN)
 FIELDS: dict[str, frozenset[str]] = {k: frozenset(v.split()) for k, v in {
     "": "apiVersion kind metadata spec status",
     "spec": "model target trials gpuSharing servers clients builders costModel seed image imagePullPolicy "
-            "nodeSelector tolerations affinity output ttlSecondsAfterFinished",
+            "nodeSelector tolerations affinity output library ttlSecondsAfterFinished",
     "spec.model": "name onnx inputShape",
     "spec.model.onnx": "path url configMap pvc",
     "spec.model.onnx.configMap": "name key",
@@ -62,6 +62,10 @@ FIELDS: dict[str, frozenset[str]] = {k: frozenset(v.split()) for k, v in {
     "spec.output.configMap": "name",
     "spec.output.s3": "endpoint region bucket prefix credentialsSecret cleanupOnDelete",
     "spec.output.s3.credentialsSecret": "name accessKeyIdKey secretAccessKeyKey",
+    "spec.library": "mode scope path pvc s3",
+    "spec.library.pvc": "claimName path",
+    "spec.library.s3": "endpoint region bucket prefix credentialsSecret",
+    "spec.library.s3.credentialsSecret": "name accessKeyIdKey secretAccessKeyKey",
     "spec.builders": "replicas workers resources nodeSelector tolerations autoscale",
     "spec.builders.autoscale": "minReplicas maxReplicas targetCPUUtilizationPercentage",
 }.items()}
@@ -193,6 +197,30 @@ class OutputSpec:
     s3: S3Output | None = None
 
 
+# spec.library.mode (docs/library.md): none, warm (seed each task's search and the cost model from
+# the library) or reuse (warm, and a task the library already covers is not tuned again).
+LIBRARY_MODES = ("none", "warm", "reuse")
+DEFAULT_LIBRARY_MODE = "warm"  # a job that names a library and no mode (the chart's library.defaultMode)
+LOCAL_LIBRARY_SCOPE = "local"  # local mode's scope unless spec.library.scope names one
+
+
+@dataclass(frozen=True)
+class LibrarySpec:
+    """``spec.library``: where the tuning library is (one of a local directory, a PVC, S3), its
+    scope (None: the job's namespace) and how the job uses it (None: the operator's default)."""
+
+    mode: str | None = None
+    scope: str | None = None
+    path: str | None = None  # local mode: a directory on this machine
+    pvc: str | None = None  # cluster: a claim in the job's namespace ...
+    pvc_path: str = ""  # ... and the folder in it
+    s3: S3Output | None = None  # cluster: a bucket; credentials from a Secret of the job's namespace
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.path or self.pvc or self.s3)
+
+
 @dataclass(frozen=True)
 class TuningJobSpec:
     name: str
@@ -208,6 +236,7 @@ class TuningJobSpec:
     builder_workers: int | None = None  # per client; None = sharetune_tuner.cpus.default_builder_workers
     backoff_limit_per_index: int = 3
     output: OutputSpec = field(default_factory=OutputSpec)
+    library: LibrarySpec = field(default_factory=LibrarySpec)
     builders: BuildersSpec | None = None  # spec.builders: the job's build pool on CPU nodes; None = clients build
     sharing: GpuSharing = field(default_factory=GpuSharing)
     image_pull_policy: str = "IfNotPresent"
@@ -295,6 +324,10 @@ def check_fields(d: Any, where: str) -> None:
 
 def check_runs_on_cluster(s: TuningJobSpec) -> None:
     """The operator's refusal of what only local mode can run."""
+    if s.library.path:
+        raise SpecError("spec.library.path is local-only (a directory on the machine that runs `sharetune run "
+                        "--local`); on a cluster use spec.library.pvc (a claim in the job's namespace) or "
+                        "spec.library.s3")
     if s.model.onnx is not None and s.model.onnx.path:
         raise SpecError("spec.model.onnx.path is local-only (a file on the machine that runs `sharetune run "
                         "--local`); on a cluster use spec.model.onnx.configMap (kubectl create configmap NAME "
@@ -303,6 +336,9 @@ def check_runs_on_cluster(s: TuningJobSpec) -> None:
 
 def check_runs_locally(s: TuningJobSpec) -> None:
     """Local mode's refusal of what only the cluster can run."""
+    if s.library.pvc:
+        raise SpecError("spec.library.pvc is cluster-only (a volume mounted into the job's pods); in local mode "
+                        "use spec.library.path (a directory here) or spec.library.s3")
     if s.model.onnx is not None and s.model.onnx.pvc:
         raise SpecError("spec.model.onnx.pvc is cluster-only (a volume mounted into the job's pods); in local "
                         "mode use spec.model.onnx.path (a file here), spec.model.onnx.url or "
@@ -402,7 +438,8 @@ def parse_spec(name: str, spec: dict[str, Any]) -> TuningJobSpec:
         cost_model=cost, seed=_int_in(spec, "seed", 0, 0, 2**31 - 1, "spec"),
         builder_workers=workers,
         backoff_limit_per_index=_int_in(c, "backoffLimitPerIndex", 3, 0, 100, "spec.clients"),
-        output=_output(_dict(spec, "output", "spec")), builders=parse_builders(spec), sharing=sharing,
+        output=_output(_dict(spec, "output", "spec")), library=_library(_dict(spec, "library", "spec")),
+        builders=parse_builders(spec), sharing=sharing,
         image_pull_policy=pull, ttl_seconds_after_finished=ttl_of(spec),
         raw=spec,
     )
@@ -466,23 +503,74 @@ def _servers(s: dict[str, Any]) -> ServerSpec:
                       pinned_memory_limit=pinned, serving_percentage=serving)
 
 
+def _s3(s3d: dict[str, Any], where: str) -> S3Output:
+    """An S3 location (``spec.output.s3``, ``spec.library.s3``): bucket and a Secret's keys."""
+    cred = _get(s3d, "credentialsSecret", dict, None, where)
+    bucket = _get(s3d, "bucket", str, None, where)
+    if not bucket or not cred or not _get(cred, "name", str, None, f"{where}.credentialsSecret"):
+        raise SpecError(f"{where}: bucket and credentialsSecret.name are required")
+    return S3Output(bucket=bucket, secret_name=cred["name"],
+                    endpoint=_get(s3d, "endpoint", str, None, where),
+                    region=_get(s3d, "region", str, "us-east-1", where),
+                    prefix=_get(s3d, "prefix", str, "", where).strip("/"),
+                    access_key_id_key=_get(cred, "accessKeyIdKey", str, "AWS_ACCESS_KEY_ID", where),
+                    secret_access_key_key=_get(cred, "secretAccessKeyKey", str, "AWS_SECRET_ACCESS_KEY", where),
+                    cleanup_on_delete=bool(_get(s3d, "cleanupOnDelete", bool, False, where)))
+
+
+_SCOPE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _library(d: dict[str, Any]) -> LibrarySpec:
+    """``spec.library``: at most one of path, pvc, s3; mode and scope checked here, the scope
+    against what the operator allows in :func:`library_scope`."""
+    where = "spec.library"
+    mode = _get(d, "mode", str, None, where)
+    if mode is not None and mode not in LIBRARY_MODES:
+        raise SpecError(f"{where}.mode: {mode!r} is not one of {', '.join(LIBRARY_MODES)}")
+    scope = _get(d, "scope", str, None, where)
+    if scope is not None and not _SCOPE.match(scope):
+        raise SpecError(f"{where}.scope: {scope!r} is not a name like a namespace's (lower case, digits, '-')")
+    pvc = _get(d, "pvc", dict, None, where)
+    s3d = _get(d, "s3", dict, None, where)
+    lib = LibrarySpec(mode=mode, scope=scope, path=_get(d, "path", str, None, where),
+                      pvc=pvc and _get(pvc, "claimName", str, None, f"{where}.pvc"),
+                      pvc_path=((pvc and _get(pvc, "path", str, "", f"{where}.pvc")) or "").strip("/"),
+                      s3=_s3(s3d, f"{where}.s3") if s3d is not None else None)
+    if pvc is not None and not lib.pvc:
+        raise SpecError(f"{where}.pvc: claimName is required")
+    if len([x for x in (lib.path, lib.pvc, lib.s3) if x]) > 1:
+        raise SpecError(f"{where}: set at most one of path, pvc, s3")
+    if mode not in (None, "none") and not lib.configured:
+        raise SpecError(f"{where}.mode {mode}: name the library with {where}.path (local mode), {where}.pvc or "
+                        f"{where}.s3")
+    return lib
+
+
+def library_scope(lib: LibrarySpec, namespace: str, shared: tuple[str, ...]) -> str:
+    """The scope a job reads and adds to: its namespace unless ``spec.library.scope`` names one of
+    the operator's shared scopes (the chart's ``library.sharedScopes``)."""
+    if lib.scope is None or lib.scope == namespace:
+        return namespace
+    if lib.scope in shared:
+        return lib.scope
+    allowed = f"the shared ones are {', '.join(shared)}" if shared else "the chart shares none (library.sharedScopes)"
+    raise SpecError(f"spec.library.scope: {lib.scope!r} is another namespace's scope, and {allowed}; leave the "
+                    f"scope out for this namespace's ({namespace})")
+
+
+def library_mode(lib: LibrarySpec, default: str) -> str:
+    """The mode a job uses: its own, else the operator's default where it names a library; none
+    without one."""
+    if not lib.configured:
+        return "none"
+    return lib.mode or default
+
+
 def _output(o: dict[str, Any]) -> OutputSpec:
     """``spec.output``: the job's ConfigMap (the default) or S3, at most one."""
     s3d = _get(o, "s3", dict, None, "spec.output")
-    s3 = None
-    if s3d is not None:
-        cred = _get(s3d, "credentialsSecret", dict, None, "spec.output.s3")
-        bucket = _get(s3d, "bucket", str, None, "spec.output.s3")
-        if not bucket or not cred or not _get(cred, "name", str, None, "spec.output.s3.credentialsSecret"):
-            raise SpecError("spec.output.s3: bucket and credentialsSecret.name are required")
-        s3 = S3Output(bucket=bucket, secret_name=cred["name"],
-                      endpoint=_get(s3d, "endpoint", str, None, "spec.output.s3"),
-                      region=_get(s3d, "region", str, "us-east-1", "spec.output.s3"),
-                      prefix=_get(s3d, "prefix", str, "", "spec.output.s3").strip("/"),
-                      access_key_id_key=_get(cred, "accessKeyIdKey", str, "AWS_ACCESS_KEY_ID", "spec.output.s3"),
-                      secret_access_key_key=_get(cred, "secretAccessKeyKey", str, "AWS_SECRET_ACCESS_KEY",
-                                                 "spec.output.s3"),
-                      cleanup_on_delete=bool(_get(s3d, "cleanupOnDelete", bool, False, "spec.output.s3")))
+    s3 = _s3(s3d, "spec.output.s3") if s3d is not None else None
     cmd = _get(o, "configMap", dict, None, "spec.output")
     if s3 is not None and cmd is not None:
         raise SpecError("spec.output: set at most one of configMap or s3")

@@ -72,6 +72,10 @@ class Summary:
     tasks: list[TaskSummary] = field(default_factory=list)
     tasks_left_at_default: list[str] = field(default_factory=list)
     tasks_default_won: list[str] = field(default_factory=list)
+    # The tuning library (spec.library): tasks whose delivered record came from it (re-measured here
+    # like any record), and the records this job added to it.
+    tasks_from_library: list[str] = field(default_factory=list)
+    library_records_added: int | None = None
     merge_s: float | None = None
     # The delivered model at each MPS serving share ({pct: ms or None}; None: not measurable here)
     # and how (sharetune_tuner.serving.report); how the merge's latencies were measured.

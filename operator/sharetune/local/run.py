@@ -25,7 +25,15 @@ from sharetune.api import commands
 from sharetune.api.exitcodes import ExitCode, passed_on
 from sharetune.api.gpuenv import NO_MULTICAST
 from sharetune.api.progress import Progress
-from sharetune.api.spec import API_GROUP, API_VERSION, KIND, TuningJobSpec
+from sharetune.api.spec import (
+    API_GROUP,
+    API_VERSION,
+    DEFAULT_LIBRARY_MODE,
+    KIND,
+    LOCAL_LIBRARY_SCOPE,
+    TuningJobSpec,
+    library_mode,
+)
 from sharetune.api.summary import Summary
 from sharetune.api.topology import (
     BUILD_AUTHKEY_ENV,
@@ -81,6 +89,9 @@ def keep_job(spec: TuningJobSpec, workdir: Path) -> Path:
     onnx = (body.get("model") or {}).get("onnx") or {}
     if isinstance(onnx, dict) and isinstance(onnx.get("path"), str):
         onnx["path"] = str(Path(onnx["path"]).resolve())
+    lib = body.get("library") or {}
+    if isinstance(lib, dict) and isinstance(lib.get("path"), str):
+        lib["path"] = str(Path(lib["path"]).expanduser().resolve())
     out = workdir / LOCAL_JOB_FILE
     out.write_text(yaml.safe_dump({"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND,
                                    "metadata": {"name": spec.name}, "spec": body}, sort_keys=False))
@@ -113,6 +124,7 @@ class LocalRun:
         (self.workdir / "logs").mkdir(exist_ok=True)
         self.tracker_port = free_port()
         self.build_authkey = secrets.token_hex(16)
+        self.run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)  # the run's name in a library
         self.build_socket: Path | None = None
         # The run's own temporary directory (made by start_services, removed by stop_all): the
         # build service's socket, short enough for AF_UNIX (107 bytes), and the built candidates
@@ -229,7 +241,16 @@ class LocalRun:
         return commands.client(str(self.job_path), str(self.shard_dir(i)), f"127.0.0.1:{self.tracker_port}", self.key,
                                replicas // shards if session else replicas, shard=i, shards=shards,
                                clients_on_host=self.host_clients or shards, session_runner=session,
-                               build_service=str(self.build_socket) if self.build_socket else None)
+                               build_service=str(self.build_socket) if self.build_socket else None,
+                               library_args=self.library_args())
+
+    def library_args(self) -> list[str]:
+        """spec.library in local mode: a directory here (or S3, credentials from this environment),
+        the scope ``local`` unless the job names one."""
+        lib = self.spec.library
+        uri = str(Path(lib.path).expanduser().resolve()) if lib.path else (
+            f"s3://{lib.s3.bucket}/{lib.s3.prefix}" if lib.s3 else None)
+        return commands.library(uri, lib.scope or LOCAL_LIBRARY_SCOPE, library_mode(lib, DEFAULT_LIBRARY_MODE))
 
     def start_client(self, i: int) -> ProcessGroup:
         return self._spawn(f"client-{i}", self.client_args(i), self.cpu_env())
@@ -324,7 +345,9 @@ class LocalRun:
     def merge(self) -> Summary:
         out = self.workdir / "result"
         p = self._spawn("merge", commands.merge(str(self.job_path), str(out),
-                                                shard_dirs=[str(self.shard_dir(i)) for i in range(self.client_shards)]))
+                                                shard_dirs=[str(self.shard_dir(i)) for i in range(self.client_shards)],
+                                                library_args=self.library_args(),
+                                                library_job=f"{self.spec.name}-{self.run_id}"))
         rc = p.wait()
         if rc != 0:
             raise RunFailed(f"merge failed (exit {rc}):\n{p.tail()}", rc)

@@ -1,0 +1,184 @@
+"""A job's use of the tuning library (library.py): what its clients start from and what its merge
+adds.
+
+- **warm**: each task's first round measures the library's best schedules of its workload (same
+  target, device model and GPU share) before any search, so a task tuned before starts where it
+  ended; the evolutionary search then seeds its population from them (they are in the shard's
+  database, measured here). Every shard's cost model is first trained on the library's records of
+  the same target and device (all workloads: MetaSchedule's features are per program), so no
+  shard's first search ranks by noise.
+- **reuse**: warm, and a task whose workload the library already holds ``trials.perTask`` trials
+  of (same target, device and share) is not tuned again: its budget goes to the shard's other
+  tasks, and the merge takes the library's best record for it as a candidate, re-measured against
+  TVM's default like any record (never slower: a stale or poisoned record is not delivered).
+
+In both modes the merge offers the library's best record of every workload as a candidate where
+the job measured nothing faster, and adds the job's measured records to the library.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .library import Backend, Entry, LibraryError, Where, entries, open_library, target_key
+
+log = logging.getLogger("sharetune.library")
+
+MODES = ("none", "warm", "reuse")
+# Library schedules a task's first round measures (at most; the round's size caps it too).
+SEEDS_PER_TASK = 4
+# Records the cost model is trained on before the first round: the fastest per workload first.
+PRETRAIN_MAX = 2048
+
+
+@dataclass(frozen=True)
+class LibraryUse:
+    """Which library a process uses, in which scope and mode, measuring where."""
+
+    uri: str
+    scope: str
+    mode: str
+    where: Where
+
+    def open(self) -> Backend:
+        return open_library(self.uri)
+
+
+@dataclass
+class Lookup:
+    """The library's entries for one target and device: by workload (this share only, fastest
+    first) for seeds and reuse, and all of them (any share) for the cost model."""
+
+    same_share: dict[str, list[Entry]]
+    same_device: list[Entry]
+    irs: dict[str, str]
+
+    def trials(self, workload: str) -> int:
+        return len(self.same_share.get(workload, []))
+
+    def best(self, workload: str, k: int) -> list[Entry]:
+        return self.same_share.get(workload, [])[:k]
+
+
+def target_json(target: Any) -> Any:
+    """A TVM target as plain JSON, the form a tuning record carries it in (``Target.export()`` with
+    TVM's containers and a host target turned into Python's)."""
+    import tvm
+
+    if isinstance(target, tvm.target.Target):
+        return target_json(target.export())
+    if hasattr(target, "items"):
+        return {str(k): target_json(v) for k, v in target.items()}
+    if isinstance(target, (bool, int, float)) or target is None:
+        return target
+    if isinstance(target, str):
+        return str(target)
+    if hasattr(target, "__iter__"):
+        return [target_json(v) for v in target]
+    return str(target)
+
+
+def lookup(use: LibraryUse, target: Any) -> Lookup:
+    """Reads the scope once: entries measured on ``target`` with ``use.where``'s device."""
+    found, irs = entries(use.open(), use.scope)
+    tkey = target_key(target_json(target))
+    same_device = [e for e in found if e.key.target == tkey and e.key.device == use.where.device]
+    by_wl: dict[str, list[Entry]] = {}
+    for e in same_device:
+        if e.key.share == use.where.share:
+            by_wl.setdefault(e.key.workload, []).append(e)
+    for v in by_wl.values():
+        v.sort(key=lambda e: e.secs)
+    log.info("library %s scope %s: %d records of this target and device (%d workloads at share %d%%), %d in all",
+             use.uri, use.scope, len(same_device), len(by_wl), use.where.share, len(found))
+    return Lookup(by_wl, same_device, irs)
+
+
+def library_lookup(use: LibraryUse | None, target: Any) -> Lookup | None:
+    """:func:`lookup`, or None without a library or where it cannot be read: a job whose library is
+    away tunes cold (and says so in its log) rather than fail."""
+    if use is None or use.mode == "none":
+        return None
+    try:
+        return lookup(use, target)
+    except LibraryError as e:
+        log.warning("%s: tuning without the library", e)
+        return None
+
+
+def reused_budgets(budget: dict[str, int], workload_of: dict[str, str], found: Lookup,
+                   per_task: int) -> tuple[dict[str, int], list[str]]:
+    """``reuse``: the tasks (keys of ``budget``) whose workload the library holds ``per_task`` trials
+    of get none; their trials go to the other tasks in proportion to their budgets. Returns the
+    new budgets and the reused tasks' keys."""
+    reused = [k for k, n in budget.items() if n > 0 and found.trials(workload_of[k]) >= per_task]
+    freed = sum(budget[k] for k in reused)
+    rest = {k: n for k, n in budget.items() if k not in reused and n > 0}
+    out = {k: (0 if k in reused else n) for k, n in budget.items()}
+    total = sum(rest.values())
+    if freed and total:
+        shares = {k: freed * n / total for k, n in rest.items()}
+        for k, extra in shares.items():
+            out[k] += math.floor(extra)
+        # what flooring left over, one trial each to the largest budgets
+        for k in sorted(rest, key=lambda k: (-rest[k], k))[:freed - sum(math.floor(x) for x in shares.values())]:
+            out[k] += 1
+    return out, reused
+
+
+def seed_candidates(context: Any, seeds: list[Entry]) -> list[Any]:
+    """The library's schedules of a task as measure candidates of its module: each trace replayed
+    on the task's own module and its postprocessors applied (a trace that no longer applies, e.g.
+    from another TVM version, is skipped)."""
+    from tvm.s_tir import Schedule
+    from tvm.s_tir import meta_schedule as ms
+
+    out = []
+    workload = ms.database.Workload(context.mod)
+    for e in seeds:
+        try:
+            sch = Schedule(context.mod, error_render_level="none")
+            ms.database.TuningRecord.from_json(e.record, workload).trace.apply_to_schedule(sch, remove_postproc=True)
+            sch.enter_postproc()
+            if not all(p.apply(sch) for p in context.space_generator.postprocs):
+                continue
+            out.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)))
+        except Exception as err:  # a trace this TVM or this module refuses
+            log.debug("library schedule of %s skipped: %s", context.task_name, err)
+    return out
+
+
+def pretrain(cost_model: Any, target: Any, found: Lookup, limit: int = PRETRAIN_MAX) -> int:
+    """Trains ``cost_model`` on the library's records of this target and device, each workload as
+    its own group (its IR from the library); returns the records it learnt from."""
+    from tvm.s_tir import Schedule
+    from tvm.s_tir import meta_schedule as ms
+
+    by_wl: dict[str, list[Entry]] = {}
+    for e in sorted(found.same_device, key=lambda e: e.secs):
+        by_wl.setdefault(e.key.workload, []).append(e)
+    used = 0
+    for wl, group in sorted(by_wl.items()):
+        if used >= limit or wl not in found.irs:
+            continue
+        group = group[:limit - used]
+        try:
+            workload = ms.database.Workload.from_json([wl, found.irs[wl]])
+            mod = workload.mod
+            ctx = ms.TuneContext(mod=mod, target=target, task_name=f"library-{wl}")
+            cands, results = [], []
+            for e in group:
+                sch = Schedule(mod, error_render_level="none")
+                ms.database.TuningRecord.from_json(e.record, workload).trace.apply_to_schedule(
+                    sch, remove_postproc=False)
+                cands.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod,
+                                                                                          remove_preproc=True)))
+                results.append(ms.runner.RunnerResult(run_secs=[float(s) for s in e.record[1]], error_msg=None))
+            cost_model.update(ctx, cands, results)
+            used += len(cands)
+        except Exception as err:  # a workload or trace this TVM cannot load: learnt without it
+            log.debug("library workload %s not learnt: %s", wl, err)
+    return used
