@@ -76,6 +76,7 @@ from .api.topology import (
 from .api.topology import result_location as _result_location
 from .api.topology import s3_job_prefix as _s3_job_prefix
 from .api.topology import store_uri as _store_uri
+from .library_policy import LibraryConfig, library_parts
 from .netpolicy import NetworkConfig, job_policy
 from .requests import pod_specs, with_default_requests
 from .sharing import DEVICE_PLUGIN, EXCLUSIVE, POOL, Sharing
@@ -304,7 +305,7 @@ def tracker_key(job: JobRef) -> str:
 
 def plan(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, sharing: Sharing | None = None,
          network: NetworkConfig | None = None, requests: Mapping[str, Mapping[str, str]] | None = None,
-         daemon_priority_class: str | None = None) -> list[dict[str, Any]]:
+         daemon_priority_class: str | None = None, library: LibraryConfig | None = None) -> list[dict[str, Any]]:
     # The servers of a job whose GPU is a daemon's start at 0 replicas, seeing no GPU: the
     # operator pins them to the daemon's GPU once it is published (pin_servers_patch).
     """Every object the running job needs (the merge Job comes later: :func:`plan_merge`).
@@ -339,7 +340,7 @@ def plan(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, sharing: 
     objs += [_servers(job, spec, image, g, sharing) for g in gpu_groups(spec)]
     objs += _builders(job, spec, image)  # before the clients: their workers warm up meanwhile
     if not pins_gpu(spec, sharing):  # else once the daemon names its GPU: plan_clients
-        objs.append(_clients(job, spec, image))
+        objs.append(_clients(job, spec, image, library))
     if spec.target != "cuda":
         _without_gpus(objs)
     return with_default_requests(objs, requests)
@@ -581,26 +582,29 @@ def _progress_uri(job: JobRef, spec: TuningJobSpec) -> str | None:
 
 
 def plan_clients(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE,
-                 requests: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Any]:
+                 requests: Mapping[str, Mapping[str, str]] | None = None,
+                 library: LibraryConfig | None = None) -> dict[str, Any]:
     """The clients' Indexed Job of a job whose GPU is a daemon's (:func:`pins_gpu`), created once
     the first GPU group's daemon has published its GPU: before that no server can run (a pool job
     may wait long for its share) and a client would only wait for one. Clients see no GPU and
     may run on any node. Other jobs' clients come with :func:`plan`."""
-    return with_default_requests([_clients(job, spec, spec.raw.get("image") or image)], requests)[0]
+    return with_default_requests([_clients(job, spec, spec.raw.get("image") or image, library)], requests)[0]
 
 
-def _clients(job: JobRef, spec: TuningJobSpec, image: str) -> dict[str, Any]:
+def _clients(job: JobRef, spec: TuningJobSpec, image: str, library: LibraryConfig | None) -> dict[str, Any]:
     n = ChildNames(job.name)
     vol, mount = _job_spec_volume(job)
+    lib = library_parts(spec, job.namespace, library)
     args = commands.client(JOB_MANIFEST, f"{POD_WORK_DIR}/shard", _tracker_addr(job), tracker_key(job),
                            spec.total_servers,
                            store=store_uri(job, spec), progress=_progress_uri(job, spec), metrics_port=METRICS_PORT,
-                           build_service=_builders_addr(job, spec), arch_from_servers=spec.target == "cuda")
+                           build_service=_builders_addr(job, spec), arch_from_servers=spec.target == "cuda",
+                           library_args=lib.args)
     mvols, mmounts, menv = _model_volume(spec)
-    c = _container(spec, image, "client", args, env=_store_env(spec) + menv + _builds_without_gpu(spec),
+    c = _container(spec, image, "client", args, env=_store_env(spec) + menv + _builds_without_gpu(spec) + lib.env,
                    resources=spec.raw.get("clients", {}).get("resources"),
-                   mounts=[mount, {"name": "work", "mountPath": POD_WORK_DIR}, *mmounts], probe=False)
-    pod = _pod_spec(spec, [c], volumes=[vol, {"name": "work", "emptyDir": {}}, *mvols],
+                   mounts=[mount, {"name": "work", "mountPath": POD_WORK_DIR}, *mmounts, *lib.mounts], probe=False)
+    pod = _pod_spec(spec, [c], volumes=[vol, {"name": "work", "emptyDir": {}}, *mvols, *lib.volumes],
                     service_account=n.service_account, restartPolicy="Never")
     _mount_build_key(job, spec, pod)
     # An elastic Indexed Job (completions == parallelism): the operator scales it down to the
@@ -688,7 +692,7 @@ def _fail_fast(container: str, action: str) -> dict[str, Any]:
 
 def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, shards: int | None = None,
                sharing: Sharing | None = None, requests: Mapping[str, Mapping[str, str]] | None = None,
-               gpu: str | None = None) -> dict[str, Any]:
+               gpu: str | None = None, library: LibraryConfig | None = None) -> dict[str, Any]:
     """The merge Job, created once every shard is done. On a GPU job it measures the tuned model
     on the job's GPU as one more MPS client at 100% (mode pool: at the job's share, within its
     booking; mode devicePlugin: on one replica). ``shards``: the shards the clients ran when
@@ -697,13 +701,15 @@ def plan_merge(job: JobRef, spec: TuningJobSpec, image: str = DEFAULT_IMAGE, sha
     image = spec.raw.get("image") or image
     n = ChildNames(job.name)
     vol, mount = _job_spec_volume(job)
+    lib = library_parts(spec, job.namespace, library)
     args = commands.merge(JOB_MANIFEST, f"{POD_WORK_DIR}/out", store=store_uri(job, spec),
                           shards=shards or spec.shards, result_configmap=spec.output.config_map,
-                          progress=_progress_uri(job, spec), metrics_port=METRICS_PORT)
+                          progress=_progress_uri(job, spec), metrics_port=METRICS_PORT, library_args=lib.args,
+                          library_job=f"{job.namespace}-{job.name}-{job.uid}")
     mvols, mmounts, menv = _model_volume(spec)
-    env = _store_env(spec) + menv
-    volumes = [vol, {"name": "work", "emptyDir": {}}, *mvols]
-    mounts = [mount, {"name": "work", "mountPath": POD_WORK_DIR}, *mmounts]
+    env = _store_env(spec) + menv + lib.env
+    volumes = [vol, {"name": "work", "emptyDir": {}}, *mvols, *lib.volumes]
+    mounts = [mount, {"name": "work", "mountPath": POD_WORK_DIR}, *mmounts, *lib.mounts]
     extra: dict[str, Any] = {}
     resources: dict[str, Any] | None = None
     mode = _mode(spec, sharing)

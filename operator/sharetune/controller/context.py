@@ -11,6 +11,7 @@ from typing import Any
 from kubernetes import client, config
 
 from .. import requests as pod_requests
+from ..library_policy import LibraryConfig
 from ..netpolicy import NetworkConfig
 from ..planner import DEFAULT_IMAGE
 from ..sharing import SharingConfig
@@ -50,6 +51,7 @@ class Context:
         default_factory=lambda: pod_requests.from_env({}))
     daemon_priority_class: str | None = None  # the MPS daemons' PriorityClass (None: none)
     allowed_images: tuple[str, ...] = ()  # repositories spec.image may name (empty: any)
+    library: LibraryConfig = field(default_factory=LibraryConfig)  # the chart's library values
 
     @classmethod
     def from_env(cls, namespaces: tuple[str, ...] = ()) -> "Context":
@@ -60,7 +62,7 @@ class Context:
                    sharing=SharingConfig.from_env(), network=NetworkConfig.from_env(os.environ),
                    requests=pod_requests.from_env(os.environ),
                    daemon_priority_class=os.environ.get(DAEMON_PRIORITY_ENV, "").strip() or None,
-                   allowed_images=allowed_images(os.environ))
+                   allowed_images=allowed_images(os.environ), library=LibraryConfig.from_env(os.environ))
 
     @property
     def core(self) -> client.CoreV1Api:

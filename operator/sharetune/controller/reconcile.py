@@ -29,6 +29,7 @@ from ..api.spec import (
     TuningJobSpec,
     check_image_allowed,
     check_runs_on_cluster,
+    library_scope,
     spec_of,
     ttl_of,
 )
@@ -75,6 +76,7 @@ def _spec_or_fail(ctx: Context, name: str, spec: Any, body: Any, patch: kopf.Pat
         s = spec_of(body)
         check_runs_on_cluster(s)  # spec.model.onnx.path: a file on a laptop, not in a pod
         check_image_allowed(s.raw.get("image"), ctx.allowed_images)
+        library_scope(s.library, body["metadata"]["namespace"], ctx.library.shared_scopes)  # another team's: refused
         return s
     except SpecError as e:
         metrics.ERRORS.labels("create", "InvalidSpec").inc()
@@ -134,7 +136,7 @@ def create_children(ctx: Context, body: Any, job: JobRef, s: TuningJobSpec, shar
     t0 = time.monotonic()
     created = 0
     try:
-        objs = plan(job, s, ctx.image, sharing, ctx.network, ctx.requests, ctx.daemon_priority_class)
+        objs = plan(job, s, ctx.image, sharing, ctx.network, ctx.requests, ctx.daemon_priority_class, ctx.library)
     except Exception as e:  # a spec the parser let through but the planner cannot use: fail, don't loop
         log.exception("planning %s/%s", job.namespace, job.name)
         metrics.ERRORS.labels("create", "PlanError").inc()
@@ -284,7 +286,8 @@ def start_clients(ctx: Context, job: JobRef, s: TuningJobSpec, sharing: Sharing 
     is tried again."""
     if not pins_gpu(s, sharing) or obs.clients_job_shards is not None or obs.merge_exists:
         return
-    if first_group_gpu(s, status, patch) and kube.create(ctx.api, plan_clients(job, s, ctx.image, ctx.requests)):
+    clients = plan_clients(job, s, ctx.image, ctx.requests, ctx.library)
+    if first_group_gpu(s, status, patch) and kube.create(ctx.api, clients):
         metrics.CHILDREN.labels("Job").inc()
 
 
@@ -398,7 +401,8 @@ def reconcile_status(ctx: Context, body: dict[str, Any], patch: kopf.Patch, snap
         clamp_clients(ctx, job, obs)
     if obs.clients_succeeded >= obs.client_shards and not obs.merge_exists and not obs.clients_failed:
         if kube.create(ctx.api, plan_merge(job, s, ctx.image, shards=obs.client_shards, sharing=sharing,
-                                               requests=ctx.requests, gpu=first_group_gpu(s, status))):
+                                               requests=ctx.requests, gpu=first_group_gpu(s, status),
+                                               library=ctx.library)):
             metrics.CHILDREN.labels("Job").inc()
             if s.builders is not None:
                 _release_builders(ctx, job)
