@@ -94,6 +94,7 @@ def test_a_second_job_reuses_what_the_first_added(tmp_path: Path) -> None:
     lib = tmp_path / "lib"
 
     def run(name: str, mode: str) -> dict:
+        (tmp_path / name).mkdir()
         job = example_job(tmp_path / name, trials={"total": 16, "perTask": 8, "perIteration": 4},
                           clients={"shards": 1}, servers={"replicas": 1}, library={"path": str(lib), "mode": mode})
         out = tmp_path / name / "summary.json"

@@ -356,6 +356,9 @@ def _budget_progress(cfg: ClientConfig, plan: Any, progress: Progress) -> None:
         for status in metrics.TRIAL_STATUSES:
             metrics.TRIALS.labels(cfg.job, str(cfg.shard), tp.name, status).inc(0)
     metrics.SHARD_DONE.labels(cfg.job, str(cfg.shard)).set(progress.done)
+    for use in ("seed", "pretrain"):  # 0 for a job without a library: the panel reads 0, not "no data"
+        metrics.LIBRARY_RECORDS.labels(cfg.job, str(cfg.shard), use).inc(0)
+    metrics.LIBRARY_TASKS_REUSED.labels(cfg.job, str(cfg.shard)).set(len(progress.tasks_from_library))
 
 
 def _builder(cfg: ClientConfig, cores: int) -> Any:
@@ -410,6 +413,7 @@ class _ShardTuning:
             t0 = time.monotonic()
             learnt = pretrain(self.cost_model, target, library)
             self.progress.library_records += learnt
+            metrics.LIBRARY_RECORDS.labels(cfg.job, str(cfg.shard), "pretrain").inc(learnt)
             self.progress.startup["library_pretrain_s"] = round(time.monotonic() - t0, 2)
             log.info("cost model trained on %d library records before the first round", learnt)
         log.info("threads: search %d, cost model %d (%d clients on this host); search while the cost model is "
@@ -458,6 +462,7 @@ class _ShardTuning:
         self.measured[i].seeded = True
         seeds = self.library.best(tp.workload_hash, min(SEEDS_PER_TASK, self.cfg.trials_per_iter))
         self.progress.library_records += len(seeds)
+        metrics.LIBRARY_RECORDS.labels(self.cfg.job, str(self.cfg.shard), "seed").inc(len(seeds))
         return seeds
 
     def tune(self, group: list[tuple[int, int]], search: str) -> None:

@@ -52,6 +52,9 @@ class ShardView:
     co_tenants: dict[str, int] = field(default_factory=dict)
     measured_alone: int = 0
     measured_beside_others: int = 0
+    # The tuning library: tasks this shard did not tune because it holds them, records it started from
+    tasks_from_library: list[str] = field(default_factory=list)
+    library_records: int = 0
 
     @classmethod
     def from_progress(cls, index: int, text: str | None) -> "ShardView":
@@ -61,7 +64,8 @@ class ShardView:
         if p is None:
             return cls(index)
         return cls(index, p.state, p.done, p.budget, p.best_s, p.resumed, p.message, p.useful_shards,
-                   p.tasks_total, p.tasks_to_tune, dict(p.co_tenants), p.measured_alone, p.measured_beside_others)
+                   p.tasks_total, p.tasks_to_tune, dict(p.co_tenants), p.measured_alone, p.measured_beside_others,
+                   list(p.tasks_from_library), p.library_records)
 
     def as_status(self) -> dict[str, Any]:
         d: dict[str, Any] = {"index": self.index, "state": self.state, "done": self.done, "budget": self.budget}
@@ -139,6 +143,10 @@ def progress_fields(obs: Observed, started: str | None) -> dict[str, Any]:
     fields: dict[str, Any] = {"shards": [s.as_status() for s in obs.shards], "trialsCompleted": done,
                               "trialsTotal": budget,
                               "progressPercent": int(100 * done / budget) if budget else 0}
+    library = sum(s.library_records for s in obs.shards)
+    if library or any(s.tasks_from_library for s in obs.shards):  # a job with a tuning library
+        fields["libraryRecords"] = library
+        fields["tasksFromLibrary"] = sorted(t for s in obs.shards for t in s.tasks_from_library)
     if started:
         t0 = dt.datetime.fromisoformat(started.replace("Z", "+00:00"))
         elapsed = (dt.datetime.now(dt.timezone.utc) - t0).total_seconds()
@@ -177,6 +185,8 @@ def result_fields(summary: Summary, namespace: str | None = None, name: str | No
         out["recordsSpeedup"] = summary.speedup_of_records
     out["tasksLeftAtDefault"] = list(summary.tasks_left_at_default)
     out["tasksDefaultWon"] = list(summary.tasks_default_won)
+    if summary.tasks_from_library:  # what was delivered from the library, re-measured by the merge
+        out["tasksFromLibrary"] = list(summary.tasks_from_library)
     return out
 
 

@@ -1,0 +1,209 @@
+"""The tuning library on the CPU (target llvm, local mode): what a job gains from earlier ones.
+
+Per seed, arms back to back on one machine, each a fresh library:
+  first          tiny_cnn 64x64 with an empty library (mode warm: nothing to start from = cold); its
+                 merge adds its records
+  again          the same job, mode reuse: time to a result, and its latency against first's
+  related-cold   tiny_cnn 96x96 (other shapes: other workloads), no library
+  related-warm   the same with the library first filled (mode warm: the cost model learns the
+                 64x64 records before the first round; no workload in common to seed)
+and, offline, the cost model's ranking quality on related-cold's records (held out): Spearman's
+rank correlation between the XGB model's scores and the measured run times per workload, the
+model untrained (cold) vs trained on the library (warm).
+
+    .venv/bin/python bench/library.py run [--seeds 0,1]      # ~25 min on 2 busy cores
+    .venv/bin/python bench/library.py summarize              # bench/results/library.json, docs/library.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+CELLS = RESULTS / "library-cells.jsonl"
+OUT = RESULTS / "library.json"
+PLOT = ROOT / "docs" / "library.png"
+TRIALS = {"total": 48, "perTask": 12, "perIteration": 4}
+
+
+def job(name: str, shape: list[int], seed: int, library: dict[str, Any] | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"model": {"name": "tiny_cnn", "inputShape": shape}, "target": "llvm",
+                            "trials": dict(TRIALS), "servers": {"replicas": 2}, "clients": {"shards": 2},
+                            "costModel": "xgb", "seed": seed}
+    if library is not None:
+        spec["library"] = library
+    return {"apiVersion": "sharetune.io/v1alpha1", "kind": "TuningJob", "metadata": {"name": name}, "spec": spec}
+
+
+def run_one(doc: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """One local run; its summary with the wall time from start to result."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    out = workdir / "summary.json"
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "sharetune.cli", "run", str(path), "--local", "--workdir",
+                        str(workdir / "run"), "--json", str(out)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{doc['metadata']['name']} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    s = json.loads(out.read_text())
+    s["wall_s"] = round(time.monotonic() - t0, 1)
+    return s
+
+
+def _cell(arm: str, seed: int, s: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"arm": arm, "seed": seed, "wall_s": s["wall_s"], "tuning_s": s.get("tuning_s"), "records": s["records"],
+            "latency_untuned_ms": s["latency_untuned_ms"], "latency_tuned_ms": s["latency_tuned_ms"],
+            "speedup": s["speedup"], "tasks_from_library": s.get("tasks_from_library", []),
+            "library_records_added": s.get("library_records_added"),
+            "date": time.strftime("%Y-%m-%d"), "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+            **extra}
+
+
+def run(seeds: list[int]) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="sharetune-library-"))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    for seed in seeds:
+        lib = tmp / f"lib-s{seed}"
+        small, large = [1, 3, 64, 64], [1, 3, 96, 96]
+        arms = [("first", small, {"path": str(lib), "mode": "warm"}),
+                ("again", small, {"path": str(lib), "mode": "reuse"}),
+                ("related-cold", large, None),
+                ("related-warm", large, {"path": str(lib), "mode": "warm"})]
+        for arm, shape, library in arms:
+            s = run_one(job(f"lib-{arm}-s{seed}", shape, seed, library), tmp / f"{arm}-s{seed}")
+            cell = _cell(arm, seed, s, run_dir=str(tmp / f"{arm}-s{seed}" / "run"), library=str(lib))
+            with CELLS.open("a") as f:
+                f.write(json.dumps(cell) + "\n")
+            print(json.dumps({k: cell[k] for k in ("arm", "seed", "wall_s", "latency_tuned_ms", "records")}),
+                  flush=True)
+        rank = rank_quality(lib, tmp / f"related-cold-s{seed}" / "run" / "result" / "records", seed)
+        with CELLS.open("a") as f:
+            f.write(json.dumps({"arm": "rank", "seed": seed, **rank}) + "\n")
+        print(json.dumps(rank), flush=True)
+
+
+def _spearman(a: list[float], b: list[float]) -> float | None:
+    import numpy as np
+
+    if len(a) < 3:
+        return None
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    c = np.corrcoef(ra, rb)[0, 1]
+    return None if math.isnan(c) else float(c)
+
+
+def rank_quality(lib: Path, held_out: Path, seed: int) -> dict[str, Any]:
+    """Spearman's rho between the cost model's scores and minus the measured time, per workload of
+    ``held_out`` (a JSONDatabase directory), for an untrained and a library-trained XGB model."""
+    import numpy as np
+    from tvm.s_tir import Schedule
+    from tvm.s_tir import meta_schedule as ms
+
+    from sharetune.gpus import cpu_model
+    from sharetune_tuner import warm_start
+    from sharetune_tuner.library import Where
+    from sharetune_tuner.targets import make_target
+
+    target = make_target("llvm")
+    use = warm_start.LibraryUse(str(lib), "local", "warm", Where(cpu_model(), 100))
+    found = warm_start.lookup(use, target)
+    np.random.seed(seed)
+    cold, warm = ms.CostModel.create("xgb", num_tuning_cores=1), ms.CostModel.create("xgb", num_tuning_cores=1)
+    learnt = warm_start.pretrain(warm, target, found)
+    db = ms.database.JSONDatabase(work_dir=str(held_out))
+    import tvm_ffi
+
+    by_wl: dict[int, list[Any]] = {}
+    for rec in db.get_all_tuning_records():
+        if rec.run_secs and float(rec.run_secs[0]) < 1e9:
+            by_wl.setdefault(int(tvm_ffi.structural_hash(rec.workload.mod)), []).append(rec)
+    out: dict[str, list[float]] = {"cold": [], "warm": []}
+    for recs in by_wl.values():
+        mod = recs[0].workload.mod
+        ctx = ms.TuneContext(mod=mod, target=target, task_name="held-out")
+        cands = []
+        for r in recs:
+            sch = Schedule(mod, error_render_level="none")
+            r.trace.apply_to_schedule(sch, remove_postproc=False)
+            cands.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)))
+        minus_secs = [-float(np.mean([float(s) for s in r.run_secs])) for r in recs]
+        for name, model in (("cold", cold), ("warm", warm)):
+            rho = _spearman(list(model.predict(ctx, cands)), minus_secs)
+            if rho is not None:
+                out[name].append(rho)
+    return {"library_records_learnt": learnt, "workloads": len(out["warm"]),
+            "rho_cold": [round(x, 3) for x in out["cold"]], "rho_warm": [round(x, 3) for x in out["warm"]],
+            "rho_cold_mean": round(float(np.mean(out["cold"])), 3) if out["cold"] else None,
+            "rho_warm_mean": round(float(np.mean(out["warm"])), 3) if out["warm"] else None}
+
+
+def _geo(xs: list[float]) -> float:
+    return round(math.exp(sum(math.log(x) for x in xs) / len(xs)), 4)
+
+
+def summarize() -> dict[str, Any]:
+    cells = [json.loads(line) for line in CELLS.read_text().splitlines() if line.strip()]
+    by = {(c["arm"], c["seed"]): c for c in cells}  # the latest cell of each (arm, seed)
+    seeds = sorted({c["seed"] for c in cells if (("first", c["seed"]) in by and ("again", c["seed"]) in by)})
+    per_seed = []
+    for s in seeds:
+        f, a = by[("first", s)], by[("again", s)]
+        rc, rw, rank = by.get(("related-cold", s)), by.get(("related-warm", s)), by.get(("rank", s))
+        row: dict[str, Any] = {
+            "seed": s, "first_wall_s": f["wall_s"], "again_wall_s": a["wall_s"],
+            "again_wall_fraction": round(a["wall_s"] / f["wall_s"], 4),
+            "again_latency_ratio": round(a["latency_tuned_ms"] / f["latency_tuned_ms"], 4),
+            "again_trials": a["records"], "again_tasks_from_library": a["tasks_from_library"]}
+        if rc and rw:
+            row.update(related_cold_ms=rc["latency_tuned_ms"], related_warm_ms=rw["latency_tuned_ms"],
+                       related_latency_ratio=round(rw["latency_tuned_ms"] / rc["latency_tuned_ms"], 4))
+        if rank:
+            row.update(rho_cold_mean=rank["rho_cold_mean"], rho_warm_mean=rank["rho_warm_mean"],
+                       rank_workloads=rank["workloads"], library_records_learnt=rank["library_records_learnt"])
+        per_seed.append(row)
+    fr = [r["again_wall_fraction"] for r in per_seed]
+    lr = [r["again_latency_ratio"] for r in per_seed]
+    rel = [r["related_latency_ratio"] for r in per_seed if "related_latency_ratio" in r]
+    result = {
+        "how_measured": {"model": "tiny_cnn", "target": "llvm", "trials": TRIALS, "clients": 2, "servers": 2,
+                         "command": "python bench/library.py run --seeds 0,1 && python bench/library.py summarize",
+                         "machine": cells[-1].get("machine") if cells else None,
+                         "date": max((c.get("date", "") for c in cells), default=None)},
+        "per_seed": per_seed,
+        "again_wall_fraction": {"geomean": _geo(fr), "worst": max(fr), "goal": "<= 0.05"} if fr else None,
+        "again_latency_ratio": {"geomean": _geo(lr), "worst": max(lr)} if lr else None,
+        "related_warm_vs_cold_latency": {"geomean": _geo(rel), "worst": max(rel)} if rel else None,
+    }
+    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--seeds", default="0,1")
+    sub.add_parser("summarize")
+    a = ap.parse_args()
+    if a.cmd == "run":
+        run([int(x) for x in a.seeds.split(",")])
+    print(json.dumps(summarize(), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
