@@ -81,7 +81,13 @@ def _gpus_held(pod: Any) -> int:
     return n
 
 
-def _cluster_view(ctx: Context) -> tuple[list[dict[str, Any]], dict[str, int], list[PoolPod]]:
+def list_pools(ctx: Context) -> list[Any]:
+    """The GPU pool daemon pods (the operator's namespace): listed once per status tick, for the
+    share tick and the jobs' snapshot alike."""
+    return list(ctx.core.list_namespaced_pod(ctx.sharing.pool_namespace, label_selector=POOL_SELECTOR).items)
+
+
+def _cluster_view(ctx: Context, pool_pods: list[Any]) -> tuple[list[dict[str, Any]], dict[str, int], list[PoolPod]]:
     """(GPU nodes as API dicts, GPUs held per node by pods other than pool daemons, pool pods)."""
     core = ctx.core
     nodes = [ctx.api.sanitize_for_serialization(n) for n in core.list_node().items]
@@ -96,8 +102,7 @@ def _cluster_view(ctx: Context) -> tuple[list[dict[str, Any]], dict[str, int], l
         k = _gpus_held(p)
         if k:
             held[p.spec.node_name] = held.get(p.spec.node_name, 0) + k
-    pools = [pp for p in core.list_namespaced_pod(ctx.sharing.pool_namespace, label_selector=POOL_SELECTOR).items
-             if (pp := _pool_pod(p)) is not None]
+    pools = [pp for p in pool_pods if (pp := _pool_pod(p)) is not None]
     return nodes, held, pools
 
 
@@ -106,8 +111,9 @@ def needed(ctx: Context, items: Iterable[Mapping[str, Any]]) -> bool:
     return any(pool_job(b, ctx.sharing) is not None for b in items)
 
 
-def tick(ctx: Context, items: list[dict[str, Any]]) -> TickResult:
-    nodes, held, pools = _cluster_view(ctx)
+def tick(ctx: Context, items: list[dict[str, Any]], pool_pods: list[Any] | None = None) -> TickResult:
+    """``pool_pods``: :func:`list_pools` of this tick (None: listed here)."""
+    nodes, held, pools = _cluster_view(ctx, list_pools(ctx) if pool_pods is None else pool_pods)
     t = dt.datetime.now(dt.timezone.utc)
     decided = plan_tick(items, nodes, held, pools, ctx.sharing, t)
     out = TickResult()

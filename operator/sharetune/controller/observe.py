@@ -30,9 +30,10 @@ class Snapshot:
     pools: dict[str, Any] = field(default_factory=dict)  # GPU pool daemons by name (the pool namespace)
 
 
-def snapshot(ctx: Context, pools: bool = True) -> Snapshot:
+def snapshot(ctx: Context, pools: bool = True, pool_pods: list[Any] | None = None) -> Snapshot:
     """One list per kind of child for a whole status tick. ``pools``: whether any job the tick
-    sees is in mode pool (else the pool daemons are not listed)."""
+    sees is in mode pool (else the pool daemons are not looked at); ``pool_pods``: the pool daemons
+    as this tick listed them (None: listed here)."""
     core, batch = ctx.core, ctx.batch
     daemons_sel = MANAGED + ",app.kubernetes.io/component=mps-daemon"
 
@@ -51,9 +52,10 @@ def snapshot(ctx: Context, pools: bool = True) -> Snapshot:
         pods = core.list_pod_for_all_namespaces(label_selector=daemons_sel).items
         pending = core.list_pod_for_all_namespaces(label_selector=MANAGED, field_selector="status.phase=Pending").items
     # GPU pools (mode pool): one more list, in the operator's namespace, for the GPUs they publish
-    by_name = {str(o.metadata.name): o for o in core.list_namespaced_pod(
-        ctx.sharing.pool_namespace, label_selector=MANAGED + ",app.kubernetes.io/component=gpu-pool").items
-        } if pools else {}
+    if pools and pool_pods is None:
+        pool_pods = core.list_namespaced_pod(ctx.sharing.pool_namespace,
+                                             label_selector=MANAGED + ",app.kubernetes.io/component=gpu-pool").items
+    by_name = {str(o.metadata.name): o for o in pool_pods or []} if pools else {}
     return Snapshot(index(cms), index(jobs), index(pods), index(pending), by_name)
 
 

@@ -303,12 +303,15 @@ def reconcile_all(ctx: Context) -> None:
         items = cast(dict[str, Any], objs.list_cluster_custom_object(API_GROUP, API_VERSION, PLURAL))["items"]
     active = [b for b in items if not b["metadata"].get("deletionTimestamp")
               and (b.get("status") or {}).get("phase") not in FINAL]
-    if gpupool.needed(ctx, active) or _pools_may_exist(ctx):
-        _gpu_tick(ctx, items)
+    # The pool daemons, listed once for the whole tick: idle pools are released by the share tick
+    # after their last job is gone, and the jobs' snapshot reads the GPUs they publish.
+    pool_pods = gpupool.list_pools(ctx)
+    if gpupool.needed(ctx, active) or pool_pods:
+        _gpu_tick(ctx, items, pool_pods)
     # a job placed on a GPU pool this tick has its placement before it says its mode
     in_pools = any((st := b.get("status") or {}).get("gpuSharingMode") == POOL or st.get("gpuPlacement")
                    for b in active)
-    snap = snapshot(ctx, pools=in_pools) if active else Snapshot()
+    snap = snapshot(ctx, pools=in_pools, pool_pods=pool_pods) if active else Snapshot()
     for body in items:
         if body["metadata"].get("deletionTimestamp"):
             continue
@@ -328,16 +331,10 @@ def reconcile_all(ctx: Context) -> None:
                     raise
 
 
-def _pools_may_exist(ctx: Context) -> bool:
-    """Idle pools are released by the tick too, after their last job is gone."""
-    return bool(ctx.core.list_namespaced_pod(ctx.sharing.pool_namespace, label_selector=gpupool.POOL_SELECTOR,
-                                             limit=1).items)
-
-
-def _gpu_tick(ctx: Context, items: list[dict[str, Any]]) -> None:
+def _gpu_tick(ctx: Context, items: list[dict[str, Any]], pool_pods: list[Any]) -> None:
     """Books GPU shares (gpupool.tick), then creates the children of the jobs it admitted."""
     try:
-        result = gpupool.tick(ctx, items)
+        result = gpupool.tick(ctx, items, pool_pods)
     except client.ApiException as e:  # e.g. no RBAC to list nodes: the other jobs' status goes on
         metrics.ERRORS.labels("gpu-pool", str(e.status)).inc()
         log.warning("GPU share tick: %s %s", e.status, kube.reason(e))
