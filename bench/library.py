@@ -116,8 +116,8 @@ def rank_quality(lib: Path, held_out: Path, seed: int) -> dict[str, Any]:
     from tvm.s_tir import meta_schedule as ms
 
     from sharetune.gpus import cpu_model
-    from sharetune_tuner import warm_start
-    from sharetune_tuner.library import Where
+    from sharetune_tuner.search import warm_start
+    from sharetune_tuner.store.library import Where
     from sharetune_tuner.targets import make_target
 
     target = make_target("llvm")

@@ -88,10 +88,10 @@ def facts(entry: dict[str, Any]) -> dict[str, Any]:
     process as a client does, the tasks (or the ModelError)."""
     import onnx
 
-    from sharetune_tuner import model as model_mod
     from sharetune_tuner.errors import ModelError
+    from sharetune_tuner.model import loader as model_mod
+    from sharetune_tuner.model.tasks import extract
     from sharetune_tuner.targets import make_target
-    from sharetune_tuner.tasks import extract
 
     proto = onnx.load(str(entry["path"]), load_external_data=False)
     inits = {i.name for i in proto.graph.initializer}

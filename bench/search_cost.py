@@ -51,11 +51,11 @@ def measure(network: str, k: int, rounds: int, variants: list[str], batch: int, 
     from tvm.s_tir import meta_schedule as ms
 
     from sharetune_tuner.client import ClientConfig, parse_evolution, search_strategy
-    from sharetune_tuner.intrinsics import ensure_registered
-    from sharetune_tuner.model import load
-    from sharetune_tuner.partition import order
+    from sharetune_tuner.model.intrinsics import ensure_registered
+    from sharetune_tuner.model.loader import load
+    from sharetune_tuner.model.tasks import extract
+    from sharetune_tuner.search.partition import order
     from sharetune_tuner.targets import make_target
-    from sharetune_tuner.tasks import extract
 
     ensure_registered()
     target = make_target("cuda")

@@ -26,7 +26,7 @@ def _free_port() -> int:
 
 def main() -> int:
     from sharetune.gpus import nvml_cuda_arch
-    from sharetune_tuner.gpu_identity import held_gpu_uuid
+    from sharetune_tuner.measure.gpu_identity import held_gpu_uuid
     from sharetune_tuner.targets import servers_cuda_arch
 
     port, base, key = _free_port(), _free_port(), "arch-probe"

@@ -48,9 +48,9 @@ def main() -> int:
 
     from common import heaviest
     from measured import counted_run_evaluator
-    from sharetune_tuner.model import load
+    from sharetune_tuner.model.loader import load
+    from sharetune_tuner.model.tasks import extract
     from sharetune_tuner.targets import make_target
-    from sharetune_tuner.tasks import extract
 
     model = load(name=a.model)
     target = make_target(a.target)

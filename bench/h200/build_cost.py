@@ -49,9 +49,9 @@ def _generate(a: argparse.Namespace, wd: Path) -> list[dict[str, Any]]:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from sharetune_tuner.model import load
+    from sharetune_tuner.model.loader import load
+    from sharetune_tuner.model.tasks import extract
     from sharetune_tuner.targets import make_target
-    from sharetune_tuner.tasks import extract
 
     target = make_target("cuda")
     out = []
@@ -79,9 +79,9 @@ def worker(mode: str, cands_file: Path, out_file: Path, art_dir: Path) -> None:
     import tvm
     import tvm_ffi
 
-    from sharetune_tuner import nvrtc
-    from sharetune_tuner.build_protocol import ARTIFACT_DIR_ENV
-    from sharetune_tuner.builder import build_without_intrinsics, export_shared
+    from sharetune_tuner.build import nvrtc
+    from sharetune_tuner.build.builder import build_without_intrinsics, export_shared
+    from sharetune_tuner.build.protocol import ARTIFACT_DIR_ENV
     from sharetune_tuner.targets import make_target
 
     os.environ[ARTIFACT_DIR_ENV] = str(art_dir)

@@ -146,7 +146,7 @@ def mps_env() -> dict[str, str]:
 def mps_control(cmd: str, pipe: Path = MPS_PIPE, log_dir: Path = MPS_LOG, timeout_s: float = 30.0) -> str:
     """One command to the MPS control daemon of ``pipe`` (the product's ``MpsDaemon.control``):
     its answer, or why there was none."""
-    from sharetune_tuner.mps import MpsDaemon
+    from sharetune_tuner.measure.mps import MpsDaemon
 
     return MpsDaemon(pipe, log_dir).control(cmd, timeout_s)[1]
 
@@ -337,7 +337,7 @@ def parse_cpus(text: str) -> list[int]:
 def heaviest(tasks: list[Any], k: int) -> list[Any]:
     """The ``k`` tasks with the most work in the model (FLOPs x calls): the same order the
     partitioner uses."""
-    from sharetune_tuner.partition import order
+    from sharetune_tuner.search.partition import order
 
     keep = {t.key for t in order([t.info for t in tasks])[:k]}
     return [t for t in tasks if t.info.key in keep]

@@ -34,7 +34,7 @@ CELLS = "h200-cells.jsonl"
 
 # ---- stage A: CPU work per run (subprocess) ----------------------------------------------------
 def _lines(p: Path) -> list[Any]:
-    from sharetune_tuner.records import read_lines
+    from sharetune_tuner.store.records import read_lines
 
     return read_lines(p)
 
@@ -67,9 +67,9 @@ def compile_model(db_dirs: list[Path], model_name: str, target_kind: str, wd: Pa
     """Merges ``db_dirs`` into ``wd/records`` (every record) and ``wd/best`` (the best record per
     workload), compiles the whole model with ``wd/best`` (``compile_relax``; tasks without a record
     get TVM's defaults) and exports it to ``wd/model.so``; returns the merge's counts."""
-    from sharetune_tuner import records
     from sharetune_tuner.merge import compile_with
-    from sharetune_tuner.model import load
+    from sharetune_tuner.model.loader import load
+    from sharetune_tuner.store import records
     from sharetune_tuner.targets import make_target
 
     wd.mkdir(parents=True, exist_ok=True)
@@ -86,7 +86,7 @@ def prepare(run_id: str, model_name: str, target_kind: str) -> None:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from sharetune_tuner.builder import PooledBuilder
+    from sharetune_tuner.build.builder import PooledBuilder
     from sharetune_tuner.targets import make_target
 
     cell = load_cells(CELLS)[run_id]
@@ -123,7 +123,7 @@ def prepare(run_id: str, model_name: str, target_kind: str) -> None:
 
 def prepare_untuned(model_name: str, target_kind: str, path: Path) -> None:
     from sharetune_tuner.merge import compile_with
-    from sharetune_tuner.model import load
+    from sharetune_tuner.model.loader import load
     from sharetune_tuner.targets import make_target
 
     compile_with(None, load(name=model_name), make_target(target_kind)).export_library(str(path))
@@ -135,7 +135,7 @@ def measure_models(paths: list[str], model_name: str, target_kind: str, repeat: 
     import tvm
     from tvm import relax
 
-    from sharetune_tuner.model import load
+    from sharetune_tuner.model.loader import load
     from sharetune_tuner.targets import device_for
 
     model = load(name=model_name)

@@ -148,8 +148,8 @@ def delivered_records(result: Path) -> Path | None:
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
-    from sharetune_tuner import records
     from sharetune_tuner.merge import TUNED, write_db
+    from sharetune_tuner.store import records
 
     best = result / "best"
     if not best.is_dir():
@@ -166,7 +166,7 @@ def delivered_records(result: Path) -> Path | None:
 
 def compile_with_best(best: Path, model_name: str, target_kind: str, so: Path) -> None:
     from sharetune_tuner.merge import compile_with
-    from sharetune_tuner.model import load
+    from sharetune_tuner.model.loader import load
     from sharetune_tuner.targets import make_target
 
     so.parent.mkdir(parents=True, exist_ok=True)

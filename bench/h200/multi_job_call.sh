@@ -6,7 +6,7 @@
 set -u
 source .device/tvm-b/install.sh >/dev/null 2>&1
 export PYTHONPATH=$NOTORCH_PYTHONPATH:$PWD/operator:$PWD/tuner-image:$PWD/bench/h200
-python3 -m sharetune_tuner.intrinsics >/dev/null 2>&1
+python3 -m sharetune_tuner.model.intrinsics >/dev/null 2>&1
 root=${BENCH_ROOT:-/tmp/sharetune-bench}
 seed=${SEED:-0}  # a second run of the comparison: SEED=1
 mkdir -p "$root"

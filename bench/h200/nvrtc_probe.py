@@ -22,7 +22,7 @@ def _capture_source(mod_json: str) -> str:
     import tvm
     import tvm_ffi
 
-    from sharetune_tuner.builder import build_without_intrinsics
+    from sharetune_tuner.build.builder import build_without_intrinsics
     from sharetune_tuner.targets import make_target
 
     got: list[str] = []
@@ -92,7 +92,7 @@ def main() -> int:
     cands = json.loads(Path(sys.argv[1]).read_text())
     idx = int(sys.argv[2]) if len(sys.argv) > 2 else 0
     tvm_src = _capture_source(Path(cands[idx]["mod"]).read_text())
-    from sharetune_tuner import nvrtc as st
+    from sharetune_tuner.build import nvrtc as st
 
     # The program exactly as TVM's NVRTC path sees it after its own preamble.
     pre = ("#include <cuda/std/cstdint>\nusing cuda::std::uint8_t;\nusing cuda::std::uint16_t;\n"

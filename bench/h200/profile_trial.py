@@ -75,12 +75,12 @@ def _profile(a: argparse.Namespace, out: dict[str, Any], g: Group, wd: Path) -> 
     out["import_tvm_s"] = round(time.perf_counter() - t, 3)
     out["torch_importable"] = _torch_importable()
     from common import heaviest
-    from sharetune_tuner.builder import PooledBuilder, export_shared
+    from sharetune_tuner.build.builder import PooledBuilder, export_shared
     from sharetune_tuner.client import wait_for_tracker
-    from sharetune_tuner.model import load
-    from sharetune_tuner.runner import SessionRPCRunner
+    from sharetune_tuner.measure.runner import SessionRPCRunner
+    from sharetune_tuner.model.loader import load
+    from sharetune_tuner.model.tasks import extract
     from sharetune_tuner.targets import make_target
-    from sharetune_tuner.tasks import extract
 
     env = tuner_env()
     port = free_port()

@@ -275,7 +275,7 @@ def tune(a: argparse.Namespace) -> int:
         a.servers = a.servers or (STOCK_TUNED_SERVERS if a.arm == "stock-tuned" else ST_SERVERS)
     # Machine preparation, outside the window: the tensor-intrinsics cache the tuner image has built
     # in (sweep.py does the same before its first cell); ~1 s once it exists.
-    subprocess.run([sys.executable, "-m", "sharetune_tuner.intrinsics"], env=tuner_env(), check=False,
+    subprocess.run([sys.executable, "-m", "sharetune_tuner.model.intrinsics"], env=tuner_env(), check=False,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
     wd = RUN_ROOT / "runs" / aid
     if wd.exists():
@@ -410,7 +410,7 @@ def _find_tar(cell: dict[str, Any], given: list[str]) -> Path | None:
 
 def _read_db(d: Path) -> tuple[list[str], list[tuple[int, float]]]:
     """(workload hash per workload line, (workload index, mean seconds or inf) per record line)."""
-    from sharetune_tuner.records import RECORDS, WORKLOADS, read_lines
+    from sharetune_tuner.store.records import RECORDS, WORKLOADS, read_lines
 
     hashes = [str(w[0]) for w in read_lines(d / WORKLOADS)]
     recs = []
@@ -440,7 +440,7 @@ def _cut_copy(src: Path, n: int, dst: Path) -> None:
     """``src``'s database as it stood after its first ``n`` records, reduced to the best of them
     per workload (the merge keeps only those anyway; a whole-model database of thousands of
     records would take the merge far longer to load). Every workload line is kept."""
-    from sharetune_tuner.records import RECORDS, WORKLOADS
+    from sharetune_tuner.store.records import RECORDS, WORKLOADS
 
     dst.mkdir(parents=True, exist_ok=True)
     shutil.copy2(src / WORKLOADS, dst / WORKLOADS)

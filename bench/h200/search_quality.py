@@ -69,10 +69,10 @@ def _load_tasks(model: str, k: int, kind: str) -> None:
     """Worker initializer: the model's k heaviest tasks, extracted once per process."""
     if kind == "cuda" and not _has_gpu():  # proposing on a CPU machine: the H200's arch, which measures them
         os.environ.setdefault("SHARETUNE_CUDA_ARCH", "sm_90a")
-    from sharetune_tuner.intrinsics import ensure_registered
-    from sharetune_tuner.model import load
+    from sharetune_tuner.model.intrinsics import ensure_registered
+    from sharetune_tuner.model.loader import load
+    from sharetune_tuner.model.tasks import extract
     from sharetune_tuner.targets import make_target
-    from sharetune_tuner.tasks import extract
 
     ensure_registered()
     _TASKS[:] = heaviest(extract(load(name=model).mod, make_target(kind)), k)
@@ -177,8 +177,8 @@ def measure(a: argparse.Namespace) -> int:
     from tvm.s_tir import meta_schedule as ms
 
     from common import append_cell, gpu_name
-    from sharetune_tuner.builder import PooledBuilder
-    from sharetune_tuner.intrinsics import ensure_registered
+    from sharetune_tuner.build.builder import PooledBuilder
+    from sharetune_tuner.model.intrinsics import ensure_registered
     from sharetune_tuner.targets import make_target
 
     t_start = time.monotonic()

@@ -1,6 +1,6 @@
 """The merge's serving report on the H200: a finished tuning cell's shards merged by the real
 ``sharetune_tuner.merge.merge_and_report`` (what the merge pod and local mode run) as an MPS client of
-a job-style MPS daemon (``sharetune_tuner.mps.MpsDaemon``), so summary.json gets
+a job-style MPS daemon (``sharetune_tuner.measure.mps.MpsDaemon``), so summary.json gets
 ``latency_ms_by_serving_pct``. Writes ``$OUT/h200-serving-report.json``.
 
   python3 bench/h200/serving_proof.py [--run st-r18-m6n6p10-pop8] [--prior-runs h200-runs.tar.gz]
@@ -31,8 +31,8 @@ def main() -> int:
     restore_runs(a.prior_runs)
     cell = load_cells("h200-cells.jsonl")[a.run]
     from sharetune.api.spec import parse_spec
+    from sharetune_tuner.measure.mps import MpsDaemon
     from sharetune_tuner.merge import merge_and_report
-    from sharetune_tuner.mps import MpsDaemon
 
     spec = parse_spec(f"serving-{a.run}", {"model": {"name": cell["model"]}, "target": "cuda",
                                           "gpuSharing": {"mps": True}, "clients": {"shards": len(cell["db_dirs"])},

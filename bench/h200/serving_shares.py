@@ -4,7 +4,7 @@ Two arms, back to back, each under a job's MPS daemon started with the product's
 line (``sharetune.api.commands.mps_daemon``) for a job tuned at 25%:
   - ``now``: the daemon as the job runs it now (no default thread percentage);
   - ``before``: the same daemon with ``--thread-percentage 25`` (what the job's daemon got before).
-In each, the merge's serving report (``sharetune_tuner.serving.report``) measures ResNet-18 (TVM's
+In each, the merge's serving report (``sharetune_tuner.measure.serving.report``) measures ResNet-18 (TVM's
 default schedules: no tuning needed to see the cap) at 10, 25, 50, 75 and 100% in one process per
 share, and records the SMs each process saw. Writes ``$OUT/h200-serving-shares.json``.
 
@@ -25,8 +25,8 @@ from common import RUN_ROOT, ProcessGroup, log, tuner_env
 def arm(name: str, extra_daemon_args: list[str], executable, arrays) -> dict:
     from sharetune.api import commands
     from sharetune.api.spec import parse_spec
-    from sharetune_tuner import serving
-    from sharetune_tuner.mps import READY
+    from sharetune_tuner.measure import serving
+    from sharetune_tuner.measure.mps import READY
 
     spec = parse_spec("serving", {"model": {"name": "resnet18"}, "target": "cuda",
                                   "servers": {"threadPercentage": 25}})
@@ -55,7 +55,7 @@ def arm(name: str, extra_daemon_args: list[str], executable, arrays) -> dict:
 def main() -> int:
     os.environ.update(tuner_env())
     from sharetune_tuner.merge import compile_with
-    from sharetune_tuner.model import load
+    from sharetune_tuner.model.loader import load
     from sharetune_tuner.targets import make_target
 
     model = load(name="resnet18")

@@ -309,7 +309,7 @@ def main() -> int:
             "round; the baseline's model moved between 2.12 ms (r6), 2.17 ms (r4) and 2.43 ms (r3) with the same "
             "code and seed: at 16 trials per task, search luck decides single-run latency ratios.",
             "The r6 cells (2026-12-03): the clients' builds go to one build service of the host's 16 "
-            "cores (sharetune_tuner/build_service.py, local mode's default now) instead of 6 workers per client. "
+            "cores (sharetune_tuner/build/service.py, local mode's default now) instead of 6 workers per client. "
             "On the baseline's machine: 56.8 s against 358.9 s (6.32x; the baseline had 21 of 96 trials fail, "
             "stock LocalBuilder timeouts), CPU 81.5%. The rest of r6 and all of r7 ran on a second machine (~1.5x "
             "slower: intrinsics cache 29.9 s vs 20.1 s) and no baseline there: build service 75.4, 81.5, 84.6, "
@@ -326,7 +326,7 @@ def main() -> int:
             "16 builder workers per client (the old default, one per core) with 6 clients on 16 cores: 68 of "
             "96 trials failed (every trial of 4 of the 6 shards; logs not carried back, cause not isolated), "
             "model 1.41x slower. 6 per client (2 x cores / clients) never failed: that is now the default "
-            "(sharetune_tuner/cpus.py).",
+            "(sharetune_tuner/build/cpus.py).",
             "The r5 cells (a start-up change, not kept): clients started alongside the MPS daemon and tracker, "
             "servers in the background once both were ready, and each client waited for the tracker only at its first "
             "measurement. The start-up idle disappeared (16 cores busy from 5.6 s, tracker wait 0 s), yet "
@@ -336,7 +336,7 @@ def main() -> int:
             "Client start-up was the largest fixed cost: every client parsed all of TVM's tensor intrinsics "
             "from TVMScript when MetaSchedule set up its first task (~20 s of one core each, six clients "
             "side by side: the machine sat at 6/16 cores for 21 s). Registering them from a serialised "
-            "cache (sharetune_tuner/intrinsics.py; built into the tuner image) takes 0.3-0.9 s: in the r3 cells "
+            "cache (sharetune_tuner/model/intrinsics.py; built into the tuner image) takes 0.3-0.9 s: in the r3 cells "
             "the slowest client's start-up before its first search (process start, model load, extraction, "
             "intrinsics, tracker wait) is under 8 s, and 6x12@100% went from 109 s (0.81 trials/s, r1-r2) to "
             "80 s (1.10 trials/s).",

@@ -93,7 +93,7 @@ def plan(model: str, tasks: int, trials: int) -> list[dict]:
         {**ev_r3, "id": "evaluate-r5", "round": "r5"},
         st(6, 6, 50, ["--round", "r5", "--per-iter", "16", "--builder-workers", "8"], "-i16-w8-r5"),
         # r6: the clients share one build service of the host's 16 cores
-        # (build_service.py, local mode's default now) against r4's 6 workers per client (-w6),
+        # (build/service.py, local mode's default now) against r4's 6 workers per client (-w6),
         # both against this round's own baseline; then seed 1.
         {"id": f"base-{m}-r6", "file": CELLS, "est": 330,
          "argv": ["tune_cell.py", "--id", f"base-{m}-r6", "--mode", "baseline", "--round", "r6", *base]},
@@ -148,9 +148,9 @@ def main() -> int:
     RUN_ROOT.mkdir(parents=True, exist_ok=True)
     restore_runs(a.prior_runs)  # a fresh machine: earlier runs, if given
     # The tuner image ships TVM's tensor intrinsics pre-parsed (Dockerfile); on this machine the
-    # same cache is built once here, before any timed cell (sharetune_tuner/intrinsics.py).
+    # same cache is built once here, before any timed cell (sharetune_tuner/model/intrinsics.py).
     t = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "sharetune_tuner.intrinsics"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "sharetune_tuner.model.intrinsics"], capture_output=True, text=True)
     log(f"sweep: intrinsics cache {r.stdout.strip() or r.stderr[-500:]} ({time.monotonic() - t:.1f} s)")
     st_walls = [c["wall_s"] for c in load_cells(CELLS).values() if c.get("mode") == "sharetune"]
     for step in plan(a.model, a.tasks, a.trials):

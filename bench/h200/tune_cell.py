@@ -36,7 +36,7 @@ CELLS = "h200-cells.jsonl"
 
 
 def _records(db: Path) -> list[Any]:
-    from sharetune_tuner.records import RECORDS, read_lines
+    from sharetune_tuner.store.records import RECORDS, read_lines
 
     return read_lines(db / RECORDS)
 
@@ -46,7 +46,7 @@ def _all_us(dbs: list[Path]) -> dict[str, list[float]]:
     candidates a search proposed. Best-of-16 alone varies 50-87 us (geometric mean over tasks)
     between runs of one arm (H200 r12-r14), too noisy to compare searches; the whole distribution
     is 16x the samples."""
-    from sharetune_tuner.records import RECORDS, WORKLOADS, read_lines
+    from sharetune_tuner.store.records import RECORDS, WORKLOADS, read_lines
 
     found: dict[str, list[float]] = {}
     for db in dbs:
@@ -167,7 +167,7 @@ def run_sharetune(a: argparse.Namespace, wd: Path) -> dict[str, Any]:
     from sharetune.api.spec import load_job
     from sharetune.local.run import LocalRun
     from sharetune.procs import ProcessGroup
-    from sharetune_tuner.cpus import default_builder_workers
+    from sharetune_tuner.build.cpus import default_builder_workers
 
     # --cores: the tuning topology (tracker, servers, clients, their own builds) pinned to these CPUs,
     # as on a GPU node with that many cores; children inherit this process's affinity.

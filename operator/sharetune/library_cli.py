@@ -1,5 +1,5 @@
 """`sharetune library ls | export | import`: a tuning library from the command line. The library
-is the tuner's (``sharetune_tuner.library``): this command runs the tuner's own CLI,
+is the tuner's (``sharetune_tuner.store.library``): this command runs the tuner's own CLI,
 ``sharetune-tuner library`` with the same arguments, in a child process that reads and writes this
 one's terminal, and exits with its code (``--help`` is answered there too)."""
 

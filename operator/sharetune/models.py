@@ -1,7 +1,7 @@
 """What sharetune knows of a job's model without loading it: the built-in models' names, the check
 of a ``spec.model.name``, and the download of a ``spec.model.onnx.url`` into a cache. The standard
 library and the contract only (no ONNX, no TVM): local mode prepares the model with it before any
-tuner process starts, and the tuner's model loader (``sharetune_tuner.model``) uses the same."""
+tuner process starts, and the tuner's model loader (``sharetune_tuner.model.loader``) uses the same."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from .api.errors import ModelError
-from .api.spec import BUILTIN_MODELS  # the names of the tuner's zoo (sharetune_tuner/zoo.py builds them)
+from .api.spec import BUILTIN_MODELS  # the names of the tuner's zoo (sharetune_tuner/model/zoo.py builds them)
 
 __all__ = ["BUILTIN_MODELS", "MODEL_CACHE_ENV", "check_builtin", "fetch_url"]
 

@@ -420,7 +420,7 @@ def _mps_dir_security() -> dict[str, Any]:
 
 
 def _mps_dir_init(image: str, pull_policy: str) -> dict[str, Any]:
-    """The daemon pods' init container: ``/mps`` to the tuner UID/GID (:func:`sharetune_tuner.mps.hand_over`).
+    """The daemon pods' init container: ``/mps`` to the tuner UID/GID (:func:`sharetune_tuner.measure.mps.hand_over`).
     The daemon itself then runs as that UID, not root: a root control daemon without CAP_SETUID
     cannot start the MPS server for a UID-1000 client (measured on an H100: every client failed
     to connect), and one with it could become any user."""
@@ -519,7 +519,7 @@ def _pool_client_parts(job: JobRef, spec: TuningJobSpec, sharing: Sharing | None
            {"name": "CUDA_MPS_LOG_DIRECTORY", "value": "/mps/log"},
            {"name": "NVIDIA_VISIBLE_DEVICES", "value": gpu or NO_GPU_DEVICES},  # the pool's, once published
            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
-           # The job on the GPU's tenant list: co-tenants of other jobs' measurements (measure_window.py).
+           # The job on the GPU's tenant list: co-tenants of other jobs' measurements (measure/window.py).
            {"name": TENANT_ENV, "value": f"{job.namespace}/{job.name}"}]
     node_selector = {**dict(spec.raw.get("nodeSelector") or {}), "kubernetes.io/hostname": dev.node}
     return vol, {"name": "mps", "mountPath": "/mps"}, env, {"hostIPC": True, "nodeSelector": node_selector}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sharetune_tuner.cpus import available_cpus, cgroup_cpu_limit, default_builder_workers
+from sharetune_tuner.build.cpus import available_cpus, cgroup_cpu_limit, default_builder_workers
 
 
 def test_cgroup_cpu_max_is_read_as_cores(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sharetune.api.spec import TrialBudget, useful_minimum
-from sharetune_tuner.partition import (
+from sharetune_tuner.search.partition import (
     TaskInfo,
     budgets,
     left_at_default,

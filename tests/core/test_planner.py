@@ -210,7 +210,7 @@ def test_a_daemon_goes_unready_long_before_it_is_killed() -> None:
     for daemon in (next(o for o in plan(JOB, s) if o["kind"] == "Pod"), plan_pool("gpu-a", 0, "ops")):
         c = containers(daemon)[0]
         ready, live = c["readinessProbe"], c["livenessProbe"]
-        # Readiness: the control pipe answers (sharetune_tuner.mps.MpsDaemon.health); liveness:
+        # Readiness: the control pipe answers (sharetune_tuner.measure.mps.MpsDaemon.health); liveness:
         # the wrapper still supervises (MpsDaemon.live), which restarts a mute daemon itself.
         assert ready["httpGet"] == {"path": "/healthz", "port": "metrics"}
         assert live["httpGet"] == {"path": "/livez", "port": "metrics"}
@@ -401,7 +401,7 @@ def test_pool_mode_servers_join_the_gpu_pool_they_were_placed_on() -> None:
     # The share split between the 2 servers, the memory budget likewise.
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25" and env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/pipe"
-    # On the GPU's tenant list as namespace/name: other jobs' measurements name it (measure_window.py).
+    # On the GPU's tenant list as namespace/name: other jobs' measurements name it (measure/window.py).
     assert env["SHARETUNE_TENANT"] == f"{JOB.namespace}/{JOB.name}"
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void" and srv["spec"]["replicas"] == 0  # until the pool's GPU is known
     assert srv["spec"]["template"]["metadata"]["labels"][POOL_LABEL] == "pool-gpu-b-gpu1"

@@ -111,7 +111,7 @@ def _try(fn: Callable[[], Any]) -> Any:
 
 def measured_records(sim: ProcessKubelet, job: str | None = None) -> Counter[Any]:
     """Every record any client pod (of ``job``) has in its database right now (what was measured)."""
-    from sharetune_tuner.records import record_keys
+    from sharetune_tuner.store.records import record_keys
 
     keys: Counter[Any] = Counter()
     for p in sim.history:
@@ -129,7 +129,7 @@ def _restored(log: Path) -> int:
 
 
 def _measured_total(sim: ProcessKubelet) -> int:
-    from sharetune_tuner.records import stats
+    from sharetune_tuner.store.records import stats
 
     total = 0
     for p in sim.history:
@@ -338,8 +338,8 @@ def _leaks(k8s: Any, ns: str, name: str, logs: list[Path], result: Path, secret:
 
 
 def _result_keys(env: FaultEnv, ns: str, name: str, use_s3: bool, work: Path) -> Counter[Any]:
-    from sharetune_tuner.records import record_keys
-    from sharetune_tuner.store import open_store, unpack
+    from sharetune_tuner.store.backends import open_store, unpack
+    from sharetune_tuner.store.records import record_keys
 
     if use_s3:
         os.environ.update(AWS_ACCESS_KEY_ID="sharetune", AWS_SECRET_ACCESS_KEY="fault-test-secret",

@@ -63,6 +63,6 @@ def as_service_account(k8s: Any, ns: str, sa: str) -> client.ApiClient:
 def publish_gpu_as_daemon(k8s: Any, ns: str, pod: str, sa: str, uuid: str) -> None:
     """What an MPS daemon does on a GPU node, which kwok nodes cannot run: the tuner's own
     publishing code writes ``uuid`` on the daemon's pod with the daemon's ServiceAccount."""
-    from sharetune_tuner.gpu_identity import publish
+    from sharetune_tuner.measure.gpu_identity import publish
 
     publish(uuid, pod, ns, client.CoreV1Api(as_service_account(k8s, ns, sa)))

@@ -346,8 +346,8 @@ def test_a_real_tuning_run_through_the_operator(k8s, cluster, operator, ns, tmp_
                                                                   summary["latency_tuned_ms"])
         assert st["trialsCompleted"] == 8 and st["progressPercent"] == 100 and st["completionTime"]
         # The records are in the store: every trial, plus the best per workload.
-        from sharetune_tuner.records import stats
-        from sharetune_tuner.store import open_store, unpack
+        from sharetune_tuner.store.backends import open_store, unpack
+        from sharetune_tuner.store.records import stats
 
         store_uri = client_args[client_args.index("--store") + 1]
         if output == "s3":

@@ -69,7 +69,7 @@ def tuner(args: list[str], log: Path, env: dict[str, str] | None = None) -> Spaw
 
 
 def registered(port: int, key: str) -> int:
-    from sharetune_tuner.rpc import registered_servers, tracker_summary
+    from sharetune_tuner.measure.rpc import registered_servers, tracker_summary
 
     s = tracker_summary("127.0.0.1", port)
     return len(registered_servers(s, key)) if s else 0

@@ -26,9 +26,9 @@ from tvm import te
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload
 
-from sharetune_tuner import remote_builder
-from sharetune_tuner.build_protocol import ARTIFACT_DIR_ENV, AUTHKEY_ENV
-from sharetune_tuner.remote_builder import RemoteBuilder
+from sharetune_tuner.build import remote as remote_builder
+from sharetune_tuner.build.protocol import ARTIFACT_DIR_ENV, AUTHKEY_ENV
+from sharetune_tuner.build.remote import RemoteBuilder
 
 from .conftest import Spawned, free_port, tuner, wait_until
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from tvm.s_tir import meta_schedule as ms
 
-from sharetune_tuner import records
 from sharetune_tuner.client import ClientConfig, check_cold_search, first_round_search, model_is_cold, search_strategy
 from sharetune_tuner.errors import TunerError
+from sharetune_tuner.store import records
 
 from .conftest import Topology, example_job, tuner
 

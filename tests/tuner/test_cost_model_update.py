@@ -18,8 +18,8 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload
 
-from sharetune_tuner.callbacks import CostModelUpdate
 from sharetune_tuner.client import TaskProgress
+from sharetune_tuner.measure.callbacks import CostModelUpdate
 
 pytestmark = pytest.mark.tvm
 BUDGET, PER_ITER = 8, 4  # two measured batches

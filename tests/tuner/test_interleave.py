@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import tvm_ffi
 
-from sharetune_tuner import records
+from sharetune_tuner.store import records
 
 from .conftest import Topology, example_job, tuner
 
@@ -85,7 +85,7 @@ def _sizes(batch: object) -> list[int] | None:
 
 
 def test_capped_search_ends_at_its_cap_and_never_hands_out_a_schedule_twice() -> None:
-    from sharetune_tuner.capped_search import CappedSearch
+    from sharetune_tuner.search.capped_search import CappedSearch
 
     c = _candidate
     inner = ScriptedStrategy([[c(8), c(8), c(16)], [c(16), c(32)], [c(32)], [c(64), c(8), c(128)], [c(256)]])
@@ -113,8 +113,8 @@ def test_a_resumed_task_does_not_measure_again_what_the_database_holds() -> None
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from sharetune_tuner.capped_search import CappedSearch, Measured
-    from sharetune_tuner.intrinsics import ensure_registered
+    from sharetune_tuner.model.intrinsics import ensure_registered
+    from sharetune_tuner.search.capped_search import CappedSearch, Measured
 
     ensure_registered()  # the design space needs them: from the cache, not ~20 s of parsing
     new = _candidate(32)  # unscheduled: not among the sampled schedules below

@@ -1,4 +1,4 @@
-"""The tensor-intrinsics cache (sharetune_tuner/intrinsics.py) against TVM's own parsed ones.
+"""The tensor-intrinsics cache (sharetune_tuner/model/intrinsics.py) against TVM's own parsed ones.
 
 Each case runs in a fresh interpreter: registering intrinsics is process-wide and one-way, and
 the cache only matters in a process that has not imported ``tvm.s_tir.tensor_intrin`` yet.
@@ -20,7 +20,7 @@ _DESIGN_SPACES = r"""
 import json, re, sys, time
 from pathlib import Path
 t = time.monotonic()
-from sharetune_tuner import intrinsics as I
+from sharetune_tuner.model import intrinsics as I
 how = I.ensure_registered(Path(sys.argv[1])) if sys.argv[1] != "none" else (I.register_from([]) or "none")
 register_s = time.monotonic() - t
 import tvm
@@ -54,7 +54,7 @@ _COMPARE = r"""
 import json, sys
 from pathlib import Path
 import tvm_ffi
-from sharetune_tuner import intrinsics as I
+from sharetune_tuner.model import intrinsics as I
 cached = I.read_cache(I.cache_path(Path(sys.argv[1])))
 parsed = I.capture()
 c, p = {n: (d, i) for n, d, i in cached}, {n: (d, i) for n, d, i in parsed}
@@ -74,7 +74,7 @@ def _py(code: str, *args: str) -> dict:
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cache dir whose cache file is corrupt: the first client must rebuild it, not crash."""
     d = tmp_path_factory.mktemp("intrinsics")
-    key = _py("import json; from sharetune_tuner import intrinsics as I; print(json.dumps(I.cache_key()))")
+    key = _py("import json; from sharetune_tuner.model import intrinsics as I; print(json.dumps(I.cache_key()))")
     (d / f"tensor-intrinsics-{key}.json").write_text('{"key": "' + key + '", "names": ["x"], "ir": "not json')
     first = _py(_DESIGN_SPACES, str(d))
     assert first["how"] == "built"
@@ -108,7 +108,7 @@ def test_without_intrinsics_the_tensor_core_rule_fails() -> None:
 
 def test_a_stale_cache_is_not_used(tmp_path: Path) -> None:
     """A file of another TVM build (other key) is ignored: a rebuilt cache gets its own name."""
-    from sharetune_tuner import intrinsics as I
+    from sharetune_tuner.model import intrinsics as I
 
     stale = tmp_path / "tensor-intrinsics-0000000000000000.json"
     stale.write_text(json.dumps({"key": "0000000000000000", "names": [], "ir": "[]"}))
@@ -122,7 +122,7 @@ def test_a_stale_cache_is_not_used(tmp_path: Path) -> None:
 def test_clients_started_together_parse_the_intrinsics_once(tmp_path: Path) -> None:
     """Two processes on an empty cache at the same time: one parses and writes, the other waits
     for it and reads the file (the quickstart's two clients)."""
-    code = "import sys; from pathlib import Path; from sharetune_tuner import intrinsics as I; " \
+    code = "import sys; from pathlib import Path; from sharetune_tuner.model import intrinsics as I; " \
            "print(I.ensure_registered(Path(sys.argv[1])))"
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]

@@ -13,9 +13,9 @@ pytest.importorskip("tvm")
 
 from tvm.s_tir import meta_schedule as ms
 
-from sharetune_tuner import library
-from sharetune_tuner.library import LibraryError, Where
-from sharetune_tuner.records import read_lines
+from sharetune_tuner.store import library
+from sharetune_tuner.store.library import LibraryError, Where
+from sharetune_tuner.store.records import read_lines
 
 from .test_records import TARGET, workload, write_shard
 

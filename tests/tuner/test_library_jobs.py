@@ -17,9 +17,10 @@ import tvm
 import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
-from sharetune_tuner import library, warm_start
-from sharetune_tuner.library import Entry, Key, Where
 from sharetune_tuner.merge import with_library
+from sharetune_tuner.search import warm_start
+from sharetune_tuner.store import library
+from sharetune_tuner.store.library import Entry, Key, Where
 
 from .conftest import example_job
 from .test_records import TARGET, workload

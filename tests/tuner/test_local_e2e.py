@@ -12,7 +12,7 @@ import pytest
 from sharetune.api.progress import VERSION as PROGRESS_VERSION
 from sharetune.api.progress import Progress
 from sharetune.api.topology import PROGRESS_FILE
-from sharetune_tuner import records
+from sharetune_tuner.store import records
 
 from .conftest import EXAMPLE
 

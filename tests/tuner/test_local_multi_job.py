@@ -15,7 +15,7 @@ import yaml
 
 from sharetune.local.multi import load
 from sharetune.local.pool import LocalPool, host_clients, note_co_tenants, pooled
-from sharetune_tuner.cpus import cost_model_threads
+from sharetune_tuner.build.cpus import cost_model_threads
 
 
 def _write(tmp: Path, name: str, **spec: Any) -> Path:

@@ -1,4 +1,4 @@
-"""Measurement windows on a shared GPU (measure_window.py): who shares the GPU while a candidate is
+"""Measurement windows on a shared GPU (measure/window.py): who shares the GPU while a candidate is
 measured, and the merge measuring alone. Real processes and real flocks; the GPU's pipe directory
 is a temporary one (windows need only its files, not a running MPS daemon), and the last test goes
 through a real TVM RPC server and session."""
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from sharetune_tuner import measure_window as mw
-from sharetune_tuner.callbacks import count_windows
 from sharetune_tuner.client import Progress
+from sharetune_tuner.measure import window as mw
+from sharetune_tuner.measure.callbacks import count_windows
 
 from .conftest import free_port, registered, tuner, wait_until
 
@@ -26,7 +26,7 @@ from .conftest import free_port, registered, tuner, wait_until
 CHILD = """
 import sys, time
 from pathlib import Path
-from sharetune_tuner.measure_window import Windows
+from sharetune_tuner.measure.window import Windows
 w = Windows(Path(sys.argv[1]))
 what, hold = sys.argv[2], float(sys.argv[3])
 if what == "join":

@@ -21,10 +21,10 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("tvm")
 
-from sharetune_tuner import model as model_mod
 from sharetune_tuner.errors import ModelError
+from sharetune_tuner.model import loader as model_mod
+from sharetune_tuner.model.tasks import extract
 from sharetune_tuner.targets import make_target
-from sharetune_tuner.tasks import extract
 
 pytestmark = pytest.mark.tvm
 

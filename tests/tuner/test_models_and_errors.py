@@ -13,10 +13,10 @@ import pytest
 pytest.importorskip("tvm")
 
 from sharetune.gpus import gpu_count
-from sharetune_tuner import model as model_mod
 from sharetune_tuner.errors import ModelError, TargetError
+from sharetune_tuner.model import loader as model_mod
+from sharetune_tuner.model.tasks import extract
 from sharetune_tuner.targets import make_target
-from sharetune_tuner.tasks import extract
 
 from .conftest import EXAMPLE, example_job
 
@@ -41,7 +41,7 @@ def test_zoo_models_import_and_extract(name: str, tasks: int, gflop: float) -> N
 def test_the_spec_names_the_zoos_models() -> None:
     """spec.model.name is checked against the parser's list (no TVM in the parser): the zoo's."""
     from sharetune.api.spec import BUILTIN_MODELS
-    from sharetune_tuner.zoo import ZOO
+    from sharetune_tuner.model.zoo import ZOO
 
     assert set(BUILTIN_MODELS) == set(ZOO)
 
@@ -50,7 +50,7 @@ def test_the_model_check_without_tvm_knows_the_zoos_models() -> None:
     """Local mode checks spec.model.name before any tuner process starts (sharetune.models: no
     ONNX, no TVM): it accepts exactly the zoo's models, with the tuner loader's message."""
     from sharetune.models import BUILTIN_MODELS, check_builtin
-    from sharetune_tuner.zoo import ZOO
+    from sharetune_tuner.model.zoo import ZOO
 
     assert set(ZOO) == set(BUILTIN_MODELS)
     for name in ZOO:
@@ -63,7 +63,7 @@ def test_the_model_check_without_tvm_knows_the_zoos_models() -> None:
 def test_onnx_file_roundtrip(tmp_path: Path) -> None:
     import onnx
 
-    from sharetune_tuner.zoo import tiny_cnn
+    from sharetune_tuner.model.zoo import tiny_cnn
 
     f = tmp_path / "m.onnx"
     onnx.save(tiny_cnn([1, 3, 16, 16]), str(f))
@@ -76,7 +76,7 @@ def test_configmap_and_pvc_models_load_from_the_mount(tmp_path: Path, monkeypatc
     import onnx
 
     from sharetune.api.spec import parse_spec
-    from sharetune_tuner.zoo import tiny_cnn
+    from sharetune_tuner.model.zoo import tiny_cnn
 
     monkeypatch.setenv("SHARETUNE_MODEL_DIR", str(tmp_path))
     cm = parse_spec("j", {"model": {"onnx": {"configMap": {"name": "m", "key": "net.onnx"}}}})

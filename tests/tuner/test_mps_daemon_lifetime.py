@@ -17,8 +17,8 @@ from pathlib import Path
 
 from sharetune.procs import ProcessGroup, free_port
 from sharetune_dev import fake_mps_control
-from sharetune_tuner import mps
-from sharetune_tuner.mps import READY
+from sharetune_tuner.measure import mps
+from sharetune_tuner.measure.mps import READY
 
 from ..helpers import wait_for
 

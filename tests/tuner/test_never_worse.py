@@ -40,9 +40,9 @@ def _record_shard(spec: Any, shard: Path, schedules: dict[str, Any]) -> None:
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
 
-    from sharetune_tuner.model import load_for_spec
+    from sharetune_tuner.model.loader import load_for_spec
+    from sharetune_tuner.model.tasks import extract
     from sharetune_tuner.targets import make_target
-    from sharetune_tuner.tasks import extract
 
     target = make_target(spec.target, spec.builder_workers)
     tasks = {t.info.name: t for t in extract(load_for_spec(spec.model).mod, target)}
@@ -80,8 +80,8 @@ def _cli_text(summary: dict[str, Any], tmp_path: Path) -> str:
 
 
 def test_a_budget_too_small_to_win_delivers_the_untuned_model(tmp_path: Path) -> None:
-    from sharetune_tuner import records
     from sharetune_tuner.merge import DEFAULT, NO_RECORDS, merge_and_report
+    from sharetune_tuner.store import records
 
     spec = _spec(tmp_path)
     _record_shard(spec, tmp_path / "shard-0", {SLOW_TASK: _slow})
@@ -106,8 +106,8 @@ def test_a_budget_too_small_to_win_delivers_the_untuned_model(tmp_path: Path) ->
 
 
 def test_only_records_that_beat_their_default_are_kept(tmp_path: Path) -> None:
-    from sharetune_tuner import records
     from sharetune_tuner.merge import DEFAULT, TUNED, deliver, faster, merge_and_report
+    from sharetune_tuner.store import records
 
     spec = _spec(tmp_path)
     _record_shard(spec, tmp_path / "shard-0", {SLOW_TASK: _slow, FAST_TASK: _fast})

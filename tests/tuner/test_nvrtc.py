@@ -12,7 +12,7 @@ import shlex
 
 import pytest
 
-from sharetune_tuner import nvrtc
+from sharetune_tuner.build import nvrtc
 
 
 def _tvm_cuda_source() -> str:

@@ -13,7 +13,7 @@ from tvm import te
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload
 
-from sharetune_tuner import records
+from sharetune_tuner.store import records
 
 pytestmark = pytest.mark.tvm
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 1})
@@ -85,7 +85,7 @@ def test_snapshot_of_a_live_database_is_consistent_and_writes_nothing(tmp_path: 
     """What the shard sync uploads while TVM appends: complete lines only, every record's
     workload present, and the live files untouched (cutting a line TVM is writing corrupted the
     database once: the merge could not load it)."""
-    from sharetune_tuner.records import RECORDS, WORKLOADS, snapshot
+    from sharetune_tuner.store.records import RECORDS, WORKLOADS, snapshot
 
     wl = b'["h0", "ir0"]\n["h1", "ir1"]\n["h2", "i'  # a workload line being written
     recs = (b'[0, [[], [1.0], "t", []]]\n[1, [[], [2.0], "t", []]]\n'

@@ -53,7 +53,7 @@ def test_local_result_compiles_to_a_library_that_runs_tuned(run_dir: Path, tmp_p
     import tvm
 
     from sharetune_tuner.merge import compare, compile_with, model_timer, outputs_match, run_once
-    from sharetune_tuner.model import load
+    from sharetune_tuner.model.loader import load
     from sharetune_tuner.targets import make_target
 
     out = tmp_path / "tuned"
@@ -95,7 +95,7 @@ def test_local_result_compiles_to_a_library_that_runs_tuned(run_dir: Path, tmp_p
 
 def test_result_from_s3(run_dir: Path, tmp_path: Path, s3_env: Any) -> None:
     from sharetune_tuner.result import fetch
-    from sharetune_tuner.store import S3Store, pack
+    from sharetune_tuner.store.backends import S3Store, pack
 
     prefix = s3_job_prefix("runs", "ns1", "job1")  # where the merge pod puts it (topology)
     S3Store("results", prefix).put(RESULT_OBJECT, pack(run_dir / "result", ["records", "best", SUMMARY_FILE]))
@@ -114,7 +114,7 @@ def test_result_from_the_result_configmap_and_a_missing_job(run_dir: Path, tmp_p
 
     from sharetune.api.topology import configmap_uri, object_configmap
     from sharetune_tuner.result import ResultError, fetch
-    from sharetune_tuner.store import ConfigMapStore, pack
+    from sharetune_tuner.store.backends import ConfigMapStore, pack
 
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     cm = object_configmap("cmjob", RESULT_OBJECT)  # cmjob-result, as the operator names it
@@ -164,7 +164,7 @@ def test_a_local_run_of_a_model_file_compiles_from_its_work_dir_alone(run_dir: P
     import shutil
 
     from sharetune.local.run import keep_job
-    from sharetune_tuner.zoo import ZOO
+    from sharetune_tuner.model.zoo import ZOO
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "nets").mkdir()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sharetune_tuner import records
+from sharetune_tuner.store import records
 
 from .conftest import Topology, example_job, tuner, wait_until
 

@@ -86,8 +86,8 @@ def test_a_server_that_must_use_mps_waits_for_the_daemon_and_never_runs_without_
     import time
 
     from sharetune_tuner.errors import MpsError
-    from sharetune_tuner.mps import READY
-    from sharetune_tuner.rpc import ServerConfig, TuningServer
+    from sharetune_tuner.measure.mps import READY
+    from sharetune_tuner.measure.rpc import ServerConfig, TuningServer
 
     monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
     cfg = ServerConfig("127.0.0.1", 1, "k", require_mps=True, mps_wait_s=0.6)

@@ -1,4 +1,4 @@
-"""The merge's serving report (sharetune_tuner.serving) without a GPU: when it is skipped and why,
+"""The merge's serving report (sharetune_tuner.measure.serving) without a GPU: when it is skipped and why,
 and what it writes when the per-share measurement (a subprocess on the GPU) answers."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sharetune_tuner import serving
+from sharetune_tuner.measure import serving
 
 
 class FakeExecutable:

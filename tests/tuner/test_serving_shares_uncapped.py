@@ -18,8 +18,8 @@ from sharetune.api.spec import parse_spec
 from sharetune.planner import JobRef, plan
 from sharetune.procs import ProcessGroup
 from sharetune_dev import fake_mps_control
-from sharetune_tuner.mps import READY
-from sharetune_tuner.serving import SERVING_PCTS
+from sharetune_tuner.measure.mps import READY
+from sharetune_tuner.measure.serving import SERVING_PCTS
 
 from ..helpers import wait_for
 

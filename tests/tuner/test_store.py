@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sharetune_tuner.store import ConfigMapStore, OutputTooLarge, S3Store, StoreError, open_store, pack, unpack
+from sharetune_tuner.store.backends import ConfigMapStore, OutputTooLarge, S3Store, StoreError, open_store, pack, unpack
 
 
 def test_s3_roundtrip_and_restart_keeps_data(s3_env, tmp_path: Path) -> None:
@@ -61,8 +61,8 @@ def test_unreachable_api_server_is_a_store_error_and_the_sync_keeps_going(tmp_pa
     import json
 
     from sharetune.procs import free_port
-    from sharetune_tuner.records import RECORDS, WORKLOADS
-    from sharetune_tuner.sync import ShardSync
+    from sharetune_tuner.store.records import RECORDS, WORKLOADS
+    from sharetune_tuner.store.sync import ShardSync
 
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(json.dumps({
@@ -103,7 +103,7 @@ def test_both_stores_implement_the_store_protocol_in_full(monkeypatch: pytest.Mo
     parameters: callers never need to know which store they have."""
     import inspect
 
-    from sharetune_tuner.store import Store
+    from sharetune_tuner.store.backends import Store
 
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")  # only builds the client: no request
     members = _members(Store)
@@ -140,7 +140,7 @@ def test_s3_put_text_lands_next_to_the_object(s3_env) -> None:
 
 def test_store_errors_exit_codes_and_base() -> None:
     from sharetune.api.exitcodes import PERMANENT, ExitCode
-    from sharetune_tuner.store import StoreFailure
+    from sharetune_tuner.store.backends import StoreFailure
 
     assert OutputTooLarge.exit_code == ExitCode.OUTPUT_TOO_LARGE and OutputTooLarge.exit_code in PERMANENT
     assert StoreError.exit_code == ExitCode.STORE and StoreError.exit_code not in PERMANENT
@@ -174,7 +174,7 @@ class _FakeStore:
 
 
 def _shard(tmp_path: Path) -> Path:
-    from sharetune_tuner.records import RECORDS, WORKLOADS
+    from sharetune_tuner.store.records import RECORDS, WORKLOADS
 
     work = tmp_path / "shard"
     work.mkdir()
@@ -187,7 +187,7 @@ def _shard(tmp_path: Path) -> Path:
 def test_sync_raises_output_too_large_and_counts_a_store_error(tmp_path: Path) -> None:
     """A shard that will never fit fails the client (its exit code); a store that is down is a
     failed upload, retried later."""
-    from sharetune_tuner.sync import ShardSync
+    from sharetune_tuner.store.sync import ShardSync
 
     store: Any = _FakeStore()
     sync = ShardSync(store, None, 0, _shard(tmp_path))  # not started: sync() by hand
@@ -209,7 +209,7 @@ def test_progress_goes_with_the_shard_and_to_the_sink(tmp_path: Path) -> None:
     job's shard ConfigMap); a failure is reported to the sink, or to the store without one."""
     import json
 
-    from sharetune_tuner.sync import ShardSync
+    from sharetune_tuner.store.sync import ShardSync
 
     store: Any = _FakeStore("fake://store")
     sink: Any = _FakeStore("fake://sink")
@@ -243,7 +243,7 @@ def test_s3_cleanup_deletes_every_object_of_the_job_and_nothing_else(s3_env, cap
 
     from sharetune.api.exitcodes import ExitCode
     from sharetune_tuner.cli import main
-    from sharetune_tuner.store import s3_client
+    from sharetune_tuner.store.backends import s3_client
 
     from ..helpers import DenyingS3
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sharetune_tuner import records
-from sharetune_tuner.store import open_store, unpack
-from sharetune_tuner.sync import ShardSync
+from sharetune_tuner.store import records
+from sharetune_tuner.store.backends import open_store, unpack
+from sharetune_tuner.store.sync import ShardSync
 
 
 def _line(i: int) -> bytes:

@@ -19,11 +19,11 @@ from tvm import te
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload
 
-from sharetune_tuner import records
-from sharetune_tuner.callbacks import CommitBatch, StoreBatch, WriteAhead
-from sharetune_tuner.store import open_store, unpack
-from sharetune_tuner.sync import ShardSync
-from sharetune_tuner.write_ahead import RecordLines
+from sharetune_tuner.measure.callbacks import CommitBatch, StoreBatch, WriteAhead
+from sharetune_tuner.store import records
+from sharetune_tuner.store.backends import open_store, unpack
+from sharetune_tuner.store.sync import ShardSync
+from sharetune_tuner.store.write_ahead import RecordLines
 
 pytestmark = pytest.mark.tvm
 BUDGET, PER_ITER = 8, 4  # two measured batches

@@ -11,7 +11,7 @@
   result       fetches a job's result, or compiles its model with it (what `sharetune result` runs)
 
 Each but ``result`` serves /metrics and /healthz on --metrics-port (0 = any free port, -1 = off; the
-MPS daemon also /livez: see sharetune_tuner.mps) and stops cleanly on SIGTERM. User errors print
+MPS daemon also /livez: see sharetune_tuner.measure.mps) and stops cleanly on SIGTERM. User errors print
 one line and exit with a distinct code (see errors.py).
 """
 
@@ -31,8 +31,8 @@ from typing import Any
 from sharetune import result_args
 from sharetune.api.spec import SpecError, TuningJobSpec, load_job
 
-from . import library_cli
 from .errors import TunerError
+from .store import library_cli
 
 PROCESS_STARTED_AT = time.time()  # ~ the process's start: the client reports its start-up from here
 
@@ -129,7 +129,7 @@ def _add_gpu_and_rpc_commands(sub: Any) -> None:
 
 
 def _library_args(p: Any) -> None:
-    """The tuning library a client starts from and a merge adds to (warm_start.py)."""
+    """The tuning library a client starts from and a merge adds to (search/warm_start.py)."""
     p.add_argument("--library", default=None, metavar="URI",
                    help="the tuning library: a directory or s3://bucket/prefix (credentials as "
                    "SHARETUNE_LIBRARY_AWS_ACCESS_KEY_ID etc., else the store's)")
@@ -141,9 +141,9 @@ def _library_use(a: argparse.Namespace, spec: Any, ask_name: Callable[[], str] |
     """The job's library use (None: none): measuring on this job's device at its servers' share."""
     if not a.library or a.library_mode == "none":
         return None
-    from .library import Where
+    from .search.warm_start import LibraryUse
+    from .store.library import Where
     from .targets import device_model
-    from .warm_start import LibraryUse
 
     share = spec.servers.thread_percentage if spec.uses_mps else 100
     return LibraryUse(a.library, a.library_scope, a.library_mode, Where(device_model(spec.target, ask_name), share))
@@ -257,7 +257,7 @@ def _result(a: argparse.Namespace) -> int:
 
 
 def _tracker(a: argparse.Namespace) -> int:
-    from .rpc import run_tracker
+    from .measure.rpc import run_tracker
 
     return _serve(a.metrics_port, None, lambda stop: run_tracker(a.host, a.port, stop))
 
@@ -265,7 +265,7 @@ def _tracker(a: argparse.Namespace) -> int:
 def _server(a: argparse.Namespace) -> int:
     host, port = _split(a.tracker)
     first, end = server_ports(a.port, a.port_end)
-    from .rpc import ServerConfig, TuningServer
+    from .measure.rpc import ServerConfig, TuningServer
 
     server = TuningServer(ServerConfig(host, port, a.key, host=a.host, port=first, port_end=end,
                                        thread_percentage=a.thread_percentage,
@@ -276,7 +276,7 @@ def _server(a: argparse.Namespace) -> int:
 
 
 def _mps_dir(a: argparse.Namespace) -> int:
-    from .mps import hand_over
+    from .measure.mps import hand_over
 
     try:
         uid, gid = (int(x) for x in a.owner.split(":"))
@@ -288,13 +288,13 @@ def _mps_dir(a: argparse.Namespace) -> int:
 
 
 def _mps_daemon(a: argparse.Namespace) -> int:
-    from .mps import MpsDaemon
+    from .measure.mps import MpsDaemon
 
     d = MpsDaemon(a.pipe_dir, a.log_dir, a.thread_percentage, a.pinned_memory_limit, a.control_binary,
                   require_gpu=a.gpu_check, client_group=a.client_group)
     if not a.publish_gpu:
         return _serve(a.metrics_port, d.health, d.run, live=d.live)
-    from .gpu_identity import held_gpu_uuid, own_pod, publish_until_done
+    from .measure.gpu_identity import held_gpu_uuid, own_pod, publish_until_done
 
     pod, namespace = own_pod()  # usage errors before anything starts
     uuid = held_gpu_uuid()
@@ -307,9 +307,9 @@ def _mps_daemon(a: argparse.Namespace) -> int:
 
 
 def _build_service(a: argparse.Namespace) -> int:
-    from .build_protocol import AddressError
-    from .build_service import BuildService
-    from .cpus import available_cpus
+    from .build.cpus import available_cpus
+    from .build.protocol import AddressError
+    from .build.service import BuildService
 
     try:
         svc = BuildService(a.listen, a.workers or available_cpus(), a.timeout)
@@ -319,7 +319,7 @@ def _build_service(a: argparse.Namespace) -> int:
 
 
 def _s3_cleanup(a: argparse.Namespace) -> int:
-    from .store import delete_s3_prefix
+    from .store.backends import delete_s3_prefix
 
     prefix, deleted = delete_s3_prefix(a.bucket, a.prefix)
     print(json.dumps({"bucket": a.bucket, "prefix": prefix, "deleted": deleted}))
@@ -327,8 +327,8 @@ def _s3_cleanup(a: argparse.Namespace) -> int:
 
 
 def _client(a: argparse.Namespace) -> int:
-    from . import model as model_mod
     from .client import ClientConfig, run_client
+    from .model import loader as model_mod
     from .targets import make_target, servers_cuda_arch, servers_gpu_name
 
     spec = _load_spec(a.job)
@@ -337,7 +337,7 @@ def _client(a: argparse.Namespace) -> int:
         raise TunerError(f"--shard {a.shard} is outside [0, {shards})")
     host, port = _split(a.tracker)
     if a.build_service:
-        from .build_protocol import AddressError, parse_address
+        from .build.protocol import AddressError, parse_address
 
         try:
             parse_address(a.build_service)
@@ -389,8 +389,8 @@ def _shard_sync(a: argparse.Namespace) -> Any:
     records."""
     from sharetune.api.topology import CLIENT_LOG
 
-    from .store import open_store
-    from .sync import ShardSync
+    from .store.backends import open_store
+    from .store.sync import ShardSync
 
     a.work_dir.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(a.work_dir / CLIENT_LOG)
@@ -414,7 +414,7 @@ def _merge(a: argparse.Namespace) -> int:
     spec = _load_spec(a.job)
     shard_dirs = list(a.shard_dir)
     store = None
-    from .store import open_store, pack, unpack
+    from .store.backends import open_store, pack, unpack
 
     if a.store:
         store = open_store(a.store, a.result_configmap)

@@ -24,17 +24,19 @@ from sharetune.api.progress import Progress, TaskProgress
 from sharetune.api.spec import useful_minimum
 from sharetune.api.topology import PROGRESS_FILE
 
-from . import measure_window, metrics, records
-from .builder import PooledBuilder
-from .callbacks import CommitBatch, CostModelUpdate, PhaseExport, ProgressCallback, StoreBatch, WriteAhead
-from .capped_search import CappedSearch, Measured
-from .cpus import cost_model_threads, default_builder_workers
+from . import metrics
+from .build.builder import PooledBuilder
+from .build.cpus import cost_model_threads, default_builder_workers
 from .errors import TrackerError, TunerError
-from .intrinsics import ensure_registered
-from .partition import budgets, partition, to_tune, useful_shards
-from .tasks import Task, extract
-from .warm_start import SEEDS_PER_TASK, LibraryUse, Lookup, library_lookup, pretrain, reused_budgets
-from .write_ahead import RecordLines, StoreAhead
+from .measure import window as measure_window
+from .measure.callbacks import CommitBatch, CostModelUpdate, PhaseExport, ProgressCallback, StoreBatch, WriteAhead
+from .model.intrinsics import ensure_registered
+from .model.tasks import Task, extract
+from .search.capped_search import CappedSearch, Measured
+from .search.partition import budgets, partition, to_tune, useful_shards
+from .search.warm_start import SEEDS_PER_TASK, LibraryUse, Lookup, library_lookup, pretrain, reused_budgets
+from .store import records
+from .store.write_ahead import RecordLines, StoreAhead
 
 log = logging.getLogger("sharetune.client")
 PROGRESS = PROGRESS_FILE
@@ -89,11 +91,11 @@ class ClientConfig:
     trials_per_task: int
     trials_per_iter: int = 8
     cost_model: str = "xgb"
-    library: LibraryUse | None = None  # spec.library: warm or reuse (warm_start.py)
+    library: LibraryUse | None = None  # spec.library: warm or reuse (search/warm_start.py)
     seed: int = 0
     builder_workers: int | None = None  # None: cpus.default_builder_workers(clients_on_host)
     clients_on_host: int = 1  # clients sharing this host's CPUs (local mode: every job's shards)
-    build_service: Path | None = None  # the host's shared builder pool (build_service.py), if any
+    build_service: Path | None = None  # the host's shared builder pool (build/service.py), if any
     population_size: int | None = None  # evolutionary search; None = sized to the batch (evolution)
     # The evolutionary search's shape after a task's first round (SHARETUNE_EVOLUTION, "PxG"):
     # P candidates of population per candidate of the batch, G generations of mutation.
@@ -365,7 +367,7 @@ def _builder(cfg: ClientConfig, cores: int) -> Any:
     """The shard's builder: the host's (or the job's) build service when there is one, else a
     pool of this client's own long-lived workers."""
     if cfg.build_service is not None:
-        from .remote_builder import RemoteBuilder
+        from .build.remote import RemoteBuilder
 
         return RemoteBuilder(cfg.build_service, fallback_workers=cores, timeout_sec=60.0,
                              export_shared_lib=cfg.session_runner)
@@ -380,7 +382,7 @@ def _runner(cfg: ClientConfig) -> Any:
                                      tracker_key=cfg.tracker_key, session_timeout_sec=cfg.session_timeout_s)
     evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20)
     if cfg.session_runner:
-        from .runner import SessionRPCRunner
+        from .measure.runner import SessionRPCRunner
 
         return SessionRPCRunner(rpc_config, evaluator, max_workers=cfg.servers,
                                 candidate_timeout_sec=cfg.session_timeout_s)

@@ -30,13 +30,14 @@ from sharetune.api.spec import TuningJobSpec, useful_minimum
 from sharetune.api.summary import UNTUNED, Summary, TaskSummary
 from sharetune.api.topology import SUMMARY_FILE
 
-from . import library, measure_window, records
 from .errors import TunerError
-from .model import LoadedModel, load_for_spec, model_errors
-from .partition import budgets
+from .measure import window as measure_window
+from .model.loader import LoadedModel, load_for_spec, model_errors
+from .model.tasks import extract
+from .search.partition import budgets
+from .search.warm_start import LibraryUse, Lookup, library_lookup
+from .store import library, records
 from .targets import device_for, make_target
-from .tasks import extract
-from .warm_start import LibraryUse, Lookup, library_lookup
 
 log = logging.getLogger("sharetune.merge")
 
@@ -160,7 +161,7 @@ def judge_tasks(candidates: list[Any], target: Any, dev: Any,
     window = alone.window if alone is not None else contextlib.nullcontext
     import tvm_ffi
 
-    from .intrinsics import ensure_registered
+    from .model.intrinsics import ensure_registered
 
     if candidates:
         ensure_registered()  # traces that use tensor intrinsics (tensor cores, VNNI) name them
@@ -240,8 +241,8 @@ def _task_summaries(spec: TuningJobSpec, model: Any, target: Any, stats: records
 def _serving(spec: TuningJobSpec, model: Any, delivered: Any, x: Any, out: Path,
              alone: measure_window.AloneMeasurements) -> dict[str, Any]:
     """The delivered model at each MPS serving share, each measurement alone on the GPU."""
-    from .serving import measure_one
-    from .serving import report as serving_report
+    from .measure.serving import measure_one
+    from .measure.serving import report as serving_report
 
     def measure_alone(lib: Path, inputs: Path, pct: int) -> dict[str, Any]:
         with alone.window():
@@ -313,7 +314,7 @@ def add_to_library(use: LibraryUse, job_id: str, records_dir: Path) -> int:
 def _serve_and_write(summary: Summary, spec: TuningJobSpec, model: Any, delivered: Any, x: Any, out: Path,
                      alone: measure_window.AloneMeasurements) -> None:
     """The delivered model's serving report into ``summary``, then ``summary`` into ``out``."""
-    from .serving import KEY as SERVING_KEY
+    from .measure.serving import KEY as SERVING_KEY
 
     serving = _serving(spec, model, delivered, x, out, alone)
     summary.latency_ms_by_serving_pct = serving[SERVING_KEY]

@@ -30,7 +30,7 @@ WRITE_AHEAD_SECONDS = Histogram("sharetune_write_ahead_seconds",
                                 "Time a measured batch waited to be stored before its commit, by outcome",
                                 ["tuning_job", "shard", "outcome"],
                                 buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30))
-# The tuning library (warm_start.py): records a shard started from (use: "seed", measured first in
+# The tuning library (search/warm_start.py): records a shard started from (use: "seed", measured first in
 # its tasks' first rounds; "pretrain", learnt by its cost model), and tasks it did not tune again.
 LIBRARY_RECORDS = Counter("sharetune_library_records", "Tuning-library records a shard started from, by use",
                           ["tuning_job", "shard", "use"])

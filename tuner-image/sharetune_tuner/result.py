@@ -86,7 +86,7 @@ def _merge_output(path: Path) -> Path | None:
 
 
 def _configmap_result(namespace: str, name: str) -> bytes:
-    from .store import ConfigMapStore
+    from .store.backends import ConfigMapStore
 
     data = ConfigMapStore(namespace, name, result_name=name).get(RESULT_OBJECT)
     if data is None:
@@ -96,7 +96,7 @@ def _configmap_result(namespace: str, name: str) -> bytes:
 
 
 def _s3_result(uri: str) -> bytes:
-    from .store import S3Store
+    from .store.backends import S3Store
 
     bucket, _, key = uri[len("s3://"):].partition("/")
     if not bucket:
@@ -186,7 +186,7 @@ def fetch(where: str, out: Path, namespace: str | None = None) -> Fetched:
         else:
             raise ResultError(f"unknown result location {where!r}: use a local dir, tj/NAME, "
                               "configmap://NAMESPACE/NAME or s3://BUCKET/PREFIX/result")
-        from .store import unpack
+        from .store.backends import unpack
 
         with tempfile.TemporaryDirectory(prefix="sharetune-result-") as tmp:
             unpack(data, Path(tmp))
@@ -236,7 +236,7 @@ def _fetch_model(core: Any, ns: str, src: OnnxSource, out: Path) -> None:
 def _model_spec(fetched: Fetched, out: Path, model_path: Path | None) -> ModelSpec:
     """The model to compile, at the input shape it was tuned at: ``--model`` first, then the job's
     own spec (tj/NAME, or a local work dir's copy of the job), then the summary's built-in model."""
-    from .zoo import ZOO
+    from .model.zoo import ZOO
 
     s = fetched.summary
     shape = tuple(s.input_shape)
@@ -260,7 +260,7 @@ def compile_result(fetched: Fetched, out: Path, model_path: Path | None = None) 
     import numpy as np
 
     from .merge import compile_with
-    from .model import load_for_spec, model_errors
+    from .model.loader import load_for_spec, model_errors
     from .targets import make_target
 
     s = fetched.summary

@@ -29,7 +29,7 @@ def mps_daemon(spec: TuningJobSpec, pipe_dir: str, log_dir: str, metrics_port: i
     tuning share capped every later process there (the merge's serving report measured every
     share above it at the tuning share). Each server sets its own share in its environment.
     ``client_group``: the GID its clients run as (in pods; local mode: the daemon's own).
-    ``publish_gpu``: in a pod, the held GPU's UUID goes on the pod (sharetune_tuner.gpu_identity)."""
+    ``publish_gpu``: in a pod, the held GPU's UUID goes on the pod (sharetune_tuner.measure.gpu_identity)."""
     return ["mps-daemon", "--pipe-dir", pipe_dir, "--log-dir", log_dir,
             *_opt("--pinned-memory-limit", spec.servers.pinned_memory_limit if spec.uses_mps else None),
             *_opt("--client-group", client_group), *(["--publish-gpu"] if publish_gpu else []),

@@ -9,7 +9,7 @@ NO_MULTICAST: dict[str, str] = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE
 
 # An MPS daemon pod's GPU, by UUID, as the daemon read it through NVML: an annotation on the
 # daemon's own pod. The servers and the merge (MPS clients in other pods, holding no GPU of their
-# own) are created with exactly that GPU in NVIDIA_VISIBLE_DEVICES (sharetune_tuner.gpu_identity).
+# own) are created with exactly that GPU in NVIDIA_VISIBLE_DEVICES (sharetune_tuner.measure.gpu_identity).
 GPU_UUID_ANNOTATION = "sharetune.io/gpu-uuid"
 # What a container that must see no GPU asks the NVIDIA runtime for (CUDA images default to "all").
 NO_GPU_DEVICES = "void"

@@ -56,7 +56,7 @@ class Progress:
     tasks_total: int | None = None
     tasks_to_tune: int | None = None
     phases: dict[str, float] = field(default_factory=dict)  # MetaSchedule profiler totals, seconds
-    # Measurement fidelity on a shared GPU (measure_window.py): per other job, how many of this
+    # Measurement fidelity on a shared GPU (measure/window.py): per other job, how many of this
     # shard's candidates were measured while it was on the GPU; candidates measured with no other
     # job there; measurements that waited past a merge's exclusive window (unfenced) and the wait.
     co_tenants: dict[str, int] = field(default_factory=dict)

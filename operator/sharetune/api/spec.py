@@ -26,7 +26,7 @@ KIND = "TuningJob"
 PLURAL = "tuningjobs"  # the CRD's resource name (crds/tuningjobs.sharetune.io.yaml)
 TARGETS = ("llvm", "cuda")
 COST_MODELS = ("xgb", "random")
-# The tuner image's built-in models (sharetune_tuner.zoo.ZOO; tests/tuner pins that they agree).
+# The tuner image's built-in models (sharetune_tuner.model.zoo.ZOO; tests/tuner pins that they agree).
 BUILTIN_MODELS = ("resnet18", "resnet50", "mobilenet_v2", "transformer_encoder", "tiny_cnn")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 # How a cuda job's servers get their GPU (docs/gpu-pools.md): a share of a GPU under the operator's
@@ -233,7 +233,7 @@ class TuningJobSpec:
     gpus: int = 1  # GPUs the job's servers spread over: one MPS daemon and servers.replicas servers each
     cost_model: str = "xgb"
     seed: int = 0
-    builder_workers: int | None = None  # per client; None = sharetune_tuner.cpus.default_builder_workers
+    builder_workers: int | None = None  # per client; None = sharetune_tuner.build.cpus.default_builder_workers
     backoff_limit_per_index: int = 3
     output: OutputSpec = field(default_factory=OutputSpec)
     library: LibrarySpec = field(default_factory=LibrarySpec)

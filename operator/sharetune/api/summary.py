@@ -78,7 +78,7 @@ class Summary:
     library_records_added: int | None = None
     merge_s: float | None = None
     # The delivered model at each MPS serving share ({pct: ms or None}; None: not measurable here)
-    # and how (sharetune_tuner.serving.report); how the merge's latencies were measured.
+    # and how (sharetune_tuner.measure.serving.report); how the merge's latencies were measured.
     latency_ms_by_serving_pct: dict[str, float | None] | None = None
     serving_report: dict[str, Any] = field(default_factory=dict)
     measurement: dict[str, Any] = field(default_factory=dict)

@@ -132,7 +132,7 @@ class LocalRun:
         self.scratch = Path(tempfile.gettempdir()) / f"sharetune-local-{secrets.token_hex(6)}"
 
     def shares_builder(self) -> bool:
-        """One build service for all clients (build_service.py) unless the job sizes each client's
+        """One build service for all clients (build/service.py) unless the job sizes each client's
         own pool (clients.builderWorkers) or there is only one client."""
         return self.spec.shards > 1 and self.spec.builder_workers is None
 
@@ -140,7 +140,7 @@ class LocalRun:
     def _base_env(self) -> dict[str, str]:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **NO_MULTICAST, BUILD_AUTHKEY_ENV: self.build_authkey,
                BUILD_DIR_ENV: str(self.scratch / "artifacts"), **self.model_env,
-               TENANT_ENV: self.spec.name}  # this job on a shared GPU's tenant list (measure_window.py)
+               TENANT_ENV: self.spec.name}  # this job on a shared GPU's tenant list (measure/window.py)
         if self.spec.uses_mps:  # the first GPU's daemon: the merge measures there
             env.update(self.mps_env(self.gpu_groups()[0]))
         return env

@@ -28,8 +28,9 @@ from pathlib import Path
 
 from sharetune.api.topology import MPS_READY_FILE
 
-from . import measure_window, metrics
-from .errors import MpsError
+from .. import metrics
+from ..errors import MpsError
+from . import window as measure_window
 
 log = logging.getLogger("sharetune.mps")
 

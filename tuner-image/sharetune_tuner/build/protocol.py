@@ -1,4 +1,4 @@
-"""What a client and a build service (build_service.py) agree on, without TVM: where the service
+"""What a client and a build service (build/service.py) agree on, without TVM: where the service
 listens, how both sides get the job's key, how a connection is opened and authenticated, and the
 shape of a batch and of its results. Local mode imports this to start the service; builder.py to
 place its artifacts; the client's RemoteBuilder to reach the service.

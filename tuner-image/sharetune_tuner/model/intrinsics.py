@@ -217,7 +217,7 @@ def ensure_registered(directory: Path | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sharetune_tuner.intrinsics [DIR]``: builds the cache (image build, bench setup)."""
+    """``python -m sharetune_tuner.model.intrinsics [DIR]``: builds the cache (image build, bench setup)."""
     args = sys.argv[1:] if argv is None else argv
     directory = Path(args[0]) if args else None
     logging.basicConfig(level=logging.INFO, format="%(message)s")

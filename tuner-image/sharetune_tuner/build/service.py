@@ -12,13 +12,13 @@ lowering + codegen): they belong on CPU nodes, not on the GPU node's few cores.
 
 The service: ``sharetune-tuner build-service --listen ADDR`` listens on a Unix socket (local
 mode) or ``host:port`` (a builder pod), ``multiprocessing.connection`` authenticated with the
-job's key both ways (build_protocol.py). Each handshake runs in the connection's own thread,
+job's key both ways (build/protocol.py). Each handshake runs in the connection's own thread,
 bounded: a peer with a wrong key is refused (one log line naming it, its connection closed) and
 a silent one cannot hold up the others. A client keeps one connection and sends one chunk of
 candidates at a time; each comes back as the artifact's bytes (the client writes its own file:
 builder pods and clients share no filesystem). A candidate goes there pickled (IRModule and
 Target pickle through their JSON form, as for TVM's own popen workers). A client that loses a
-builder sends that chunk to another, or builds it itself (``remote_builder.RemoteBuilder``): no
+builder sends that chunk to another, or builds it itself (``remote.RemoteBuilder``): no
 trial is lost to a dead builder. This module imports TVM only in the service process.
 """
 
@@ -35,8 +35,8 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 
-from . import metrics
-from .build_protocol import Item, WireResult, accept_handshake, authkey, keepalive, parse_address
+from .. import metrics
+from .protocol import Item, WireResult, accept_handshake, authkey, keepalive, parse_address
 
 log = logging.getLogger("sharetune.build")
 

@@ -7,7 +7,7 @@ fixed when a process creates its CUDA context) under the job's MPS daemon, and p
 ``latency_ms_by_serving_pct`` into summary.json. CPU targets and jobs without MPS get ``None``
 and a reason.
 
-  python -m sharetune_tuner.serving --lib model.so --inputs inputs.npz   # one share (the env's)
+  python -m sharetune_tuner.measure.serving --lib model.so --inputs inputs.npz   # one share (the env's)
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def measure_one(lib: Path, inputs: Path, pct: int, env: dict[str, str] | None = 
     """One serving share: a fresh process with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=pct."""
     e = {**(os.environ if env is None else env), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(pct)}
     try:
-        r = subprocess.run([sys.executable, "-m", "sharetune_tuner.serving", "--lib", str(lib),
+        r = subprocess.run([sys.executable, "-m", "sharetune_tuner.measure.serving", "--lib", str(lib),
                             "--inputs", str(inputs)], env=e, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f} s"}

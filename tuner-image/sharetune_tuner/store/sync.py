@@ -24,9 +24,9 @@ from sharetune.api.topology import CLIENT_LOG as LOG
 from sharetune.api.topology import PROGRESS_FILE as PROGRESS
 from sharetune.api.topology import shard_object
 
+from ..errors import TunerError
 from . import records
-from .errors import TunerError
-from .store import OutputTooLarge, Store, StoreError, StoreFailure, pack_bytes, unpack
+from .backends import OutputTooLarge, Store, StoreError, StoreFailure, pack_bytes, unpack
 
 log = logging.getLogger("sharetune.sync")
 FILES = [records.WORKLOADS, records.RECORDS, PROGRESS, LOG]

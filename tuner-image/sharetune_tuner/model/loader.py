@@ -31,7 +31,7 @@ from sharetune.api.spec import ModelSpec
 from sharetune.api.topology import MODEL_DIR, MODEL_DIR_ENV, MODEL_FILE
 from sharetune.models import MODEL_CACHE_ENV, check_builtin, fetch_url
 
-from .errors import ModelError, TunerError
+from ..errors import ModelError, TunerError
 from .zoo import ZOO
 
 log = logging.getLogger("sharetune.model")

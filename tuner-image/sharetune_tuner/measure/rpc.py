@@ -16,8 +16,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import measure_window, metrics, mps
-from .errors import TunerError
+from .. import metrics
+from ..errors import TunerError
+from . import mps
+from . import window as measure_window
 
 log = logging.getLogger("sharetune.rpc")
 
@@ -117,7 +119,7 @@ class TuningServer:
     def __init__(self, cfg: ServerConfig) -> None:
         self.cfg = cfg
         self.server: Any = None
-        # The GPU's measurement windows (measure_window.py): present when the MPS daemon made them.
+        # The GPU's measurement windows (measure/window.py): present when the MPS daemon made them.
         self.windows = measure_window.Windows.of()
         self.tenant = measure_window.tenant(cfg.key)
         self.registered = False

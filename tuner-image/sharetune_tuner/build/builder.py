@@ -17,9 +17,9 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
 from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
 
+from ..tvm_private import build_candidate, serialize_params
 from . import nvrtc
-from .build_protocol import ARTIFACT_DIR_ENV
-from .tvm_private import build_candidate, serialize_params
+from .protocol import ARTIFACT_DIR_ENV
 
 
 def build_without_intrinsics(mod: Any, target: Any, _params: Any) -> Any:
@@ -62,7 +62,7 @@ Built = tuple[str | None, str | None, str]
 def build_batch(pool: PopenPoolExecutor, f_export: Any, items: list[tuple[Any, Any, Any]],
                 timeout_s: float, who: str) -> list[Built]:
     """Builds (IRModule, Target, serialized params) candidates on ``pool``, in order; shared by
-    ``PooledBuilder`` and the host's build service (build_service.py)."""
+    ``PooledBuilder`` and the host's build service (build/service.py)."""
     args = [(build_without_intrinsics, f_export, mod, target, params) for mod, target, params in items]
     out: list[Built] = []
     for r in pool.map_with_error_catching(lambda x: build_candidate(*x), args):

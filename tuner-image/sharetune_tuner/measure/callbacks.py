@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from . import metrics
-from .measure_window import MeasureLog
-from .write_ahead import RecordLines, StoreAhead, tuning_records
+from .. import metrics
+from ..store.write_ahead import RecordLines, StoreAhead, tuning_records
+from .window import MeasureLog
 
 if TYPE_CHECKING:  # client.py imports this module
-    from .client import ClientConfig, Progress, TaskProgress
+    from ..client import ClientConfig, Progress, TaskProgress
 
 log = logging.getLogger("sharetune.write_ahead")
 

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from sharetune.api.topology import RECORDS_FILE, WORKLOADS_FILE
 
-from .errors import TunerError
+from ..errors import TunerError
 from .records import mean_secs, read_lines
 
 VERSION = 1
@@ -106,7 +106,7 @@ class S3Backend:
     """An S3 bucket under a prefix; credentials and endpoint as the job outputs' store reads them."""
 
     def __init__(self, bucket: str, prefix: str) -> None:
-        from .store import s3_client
+        from .backends import s3_client
 
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}"

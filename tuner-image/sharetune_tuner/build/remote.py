@@ -1,4 +1,4 @@
-"""A client's builder that sends its candidates to build services (build_service.py): the host's
+"""A client's builder that sends its candidates to build services (build/service.py): the host's
 one (local mode, a Unix socket) or the job's builder pods (``host:port``: a headless Service, whose
 name resolves to every ready builder; or a comma-separated list of them). What no builder can
 take, the client builds itself.
@@ -32,9 +32,9 @@ from typing import Any
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
 
-from .build_protocol import ARTIFACT_DIR_ENV, Item, Result, WireResult, authkey, connect, parse_address
+from ..tvm_private import serialize_params
 from .builder import PooledBuilder
-from .tvm_private import serialize_params
+from .protocol import ARTIFACT_DIR_ENV, Item, Result, WireResult, authkey, connect, parse_address
 
 log = logging.getLogger("sharetune.build")
 

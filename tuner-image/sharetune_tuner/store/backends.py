@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from sharetune.api.exitcodes import ExitCode
 from sharetune.api.topology import object_configmap, s3_extra_key, s3_object_key
 
-from .errors import TunerError
+from ..errors import TunerError
 
 CONFIGMAP_LIMIT = 1024 * 1024
 _CM_HEADROOM = 16 * 1024  # metadata, keys and progress JSON share the object with the payload

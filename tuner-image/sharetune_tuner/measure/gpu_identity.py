@@ -17,7 +17,7 @@ from typing import Any
 
 from sharetune.api.gpuenv import GPU_UUID_ANNOTATION
 
-from .errors import TunerError
+from ..errors import TunerError
 
 log = logging.getLogger("sharetune.gpu_identity")
 RETRY_S = 10.0  # a refused or failed patch is tried again this often (the daemon serves meanwhile)
@@ -49,7 +49,7 @@ def held_gpu_uuid() -> str:
 def publish(uuid: str, pod: str, namespace: str, core: Any = None) -> None:
     """Writes ``uuid`` on pod ``namespace/pod`` (the daemon's own) as ``GPU_UUID_ANNOTATION``."""
     if core is None:
-        from .store import _kube_core
+        from ..store.backends import _kube_core
 
         core = _kube_core()
     core.patch_namespaced_pod(pod, namespace, {"metadata": {"annotations": {GPU_UUID_ANNOTATION: uuid}}})

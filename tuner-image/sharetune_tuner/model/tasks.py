@@ -6,9 +6,9 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ModelError
-from .model import PASS_ATTR, model_errors
-from .partition import TaskInfo
+from ..errors import ModelError
+from ..search.partition import TaskInfo
+from .loader import PASS_ATTR, model_errors
 
 
 @dataclass

@@ -27,8 +27,8 @@ from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, RPCConfig, RunnerInp
 from tvm.s_tir.meta_schedule.runner.utils import run_evaluator_common
 from tvm.support.popen_pool import PopenPoolExecutor
 
-from . import measure_window
-from .tvm_private import RPCRunnerClass, RPCRunnerFuture
+from ..tvm_private import RPCRunnerClass, RPCRunnerFuture
+from . import window as measure_window
 
 # Per runner-worker process state (each pool worker is its own process).
 _SESSION: dict[str, Any] = {"sess": None, "dev": None, "args": {}, "opened": 0, "window": None}

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .library import Backend, Entry, LibraryError, Where, entries, open_library, target_key
+from ..store.library import Backend, Entry, LibraryError, Where, entries, open_library, target_key
 
 log = logging.getLogger("sharetune.library")
 
