@@ -197,7 +197,37 @@ def summarize() -> dict[str, Any]:
         "related_warm_vs_cold_relative_latency": {"geomean": _geo(rel), "worst": max(rel)} if rel else None,
     }
     OUT.write_text(json.dumps(result, indent=2) + "\n")
+    plot(per_seed)
     return result
+
+
+def plot(per_seed: list[dict[str, Any]]) -> None:
+    """docs/library.png: per seed, the first job's and the second's wall time, and the cost
+    model's rank correlation cold vs warm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    seeds = [r["seed"] for r in per_seed]
+    x = range(len(seeds))
+    a.bar([i - 0.2 for i in x], [r["first_wall_s"] for r in per_seed], 0.4, label="first job (empty library)")
+    a.bar([i + 0.2 for i in x], [r["again_wall_s"] for r in per_seed], 0.4, label="same job again (reuse)")
+    a.set_xticks(list(x), [f"seed {s}" for s in seeds])
+    a.set_ylabel("wall time to result (s)")
+    a.legend(fontsize=8)
+    ranked = [r for r in per_seed if r.get("rho_cold_mean") is not None]
+    b.bar([i - 0.2 for i in range(len(ranked))], [r["rho_cold_mean"] for r in ranked], 0.4, label="cold model")
+    b.bar([i + 0.2 for i in range(len(ranked))], [r["rho_warm_mean"] for r in ranked], 0.4,
+          label="trained on the library")
+    b.axhline(0, color="black", linewidth=0.5)
+    b.set_xticks(list(range(len(ranked))), [f"seed {r['seed']}" for r in ranked])
+    b.set_ylabel("Spearman rho, held-out records")
+    b.legend(fontsize=8)
+    fig.suptitle("Tuning library, tiny_cnn on the CPU (llvm)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(PLOT, dpi=110)
 
 
 def rank_cell(total: int) -> None:
