@@ -52,7 +52,9 @@ def test_every_panel_query_returns_data(tmp_path: Path, operator, k8s) -> None:
     prom = None
     try:
         worker.start()
-        wait_for("clients started", lambda: len(run.procs) >= 5, 30)
+        # Both clients running (a process is listed before it starts: wait for its metrics target).
+        wait_for("clients started", lambda: sum(t in run.metrics_targets() for t in (
+            f"127.0.0.1:{run.metrics_ports.get(f'client-{i}')}" for i in range(2))) == 2, 60)
         targets = [*run.metrics_targets(), f"127.0.0.1:{op_port}"]
         prom_port = free_port()
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
