@@ -218,12 +218,11 @@ def deliver(winners: int, untuned_s: float, tuned_s: float | None) -> bool:
     return winners > 0 and tuned_s is not None and faster(tuned_s, untuned_s)
 
 
-def _task_summaries(spec: TuningJobSpec, model: Any, target: Any, stats: records.RecordStats,
+def _task_summaries(spec: TuningJobSpec, extracted: list[Any], stats: records.RecordStats,
                     verdicts: dict[str, dict[str, Any]]) -> list[TaskSummary]:
-    """Every task of the model, heaviest first: its budget, trials and best record (``stats`` of
-    the merged records), and what the merge found against TVM's default schedule (``verdicts`` by
-    workload)."""
-    extracted = extract(model.mod, target)
+    """Every task of the model (``extracted``), heaviest first: its budget, trials and best record
+    (``stats`` of the merged records), and what the merge found against TVM's default schedule
+    (``verdicts`` by workload)."""
     budget = budgets([t.info for t in extracted], spec.trials.total, spec.trials.per_task,
                      useful_minimum(spec.trials.per_task, spec.trials.per_iteration))
     tasks: list[TaskSummary] = []
@@ -336,7 +335,8 @@ def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path, use
     target = make_target(spec.target, spec.builder_workers)
     dev = device_for(spec.target)
     x = model.sample_input(seed=spec.seed)
-    workload_names = {t.info.workload_hash: t.info.name for t in extract(model.mod, target)}
+    extracted = extract(model.mod, target)  # once: the library's candidates and the task summaries
+    workload_names = {t.info.workload_hash: t.info.name for t in extracted}
     candidates, from_library = with_library(
         ms.database.JSONDatabase(work_dir=str(out / "best")).get_all_tuning_records(), library_lookup(use, target),
         set(workload_names))
@@ -359,7 +359,7 @@ def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path, use
     lat_delivered = lat_tuned if improved and lat_tuned is not None else lat_untuned
 
     stats = records.stats(out / "records")
-    tasks = _task_summaries(spec, model, target, stats, verdicts)
+    tasks = _task_summaries(spec, extracted, stats, verdicts)
     summary = Summary(
         job=spec.name, model=model.name, input_shape=list(model.input_shape), target=spec.target,
         shards=len(shard_dirs), records=counts["records_out"], failed_trials=stats.failed,
