@@ -220,7 +220,7 @@ def deliver(winners: int, untuned_s: float, tuned_s: float | None) -> bool:
 
 def _task_summaries(spec: TuningJobSpec, extracted: list[Any], stats: records.RecordStats,
                     verdicts: dict[str, dict[str, Any]]) -> list[TaskSummary]:
-    """Every task of the model (``extracted``), heaviest first: its budget, trials and best record
+    """Every task of the model (``extracted`` by the merge, once), heaviest first: its budget, trials and best record
     (``stats`` of the merged records), and what the merge found against TVM's default schedule
     (``verdicts`` by workload)."""
     budget = budgets([t.info for t in extracted], spec.trials.total, spec.trials.per_task,
@@ -322,9 +322,21 @@ def _serve_and_write(summary: Summary, spec: TuningJobSpec, model: Any, delivere
     summary.write(out / SUMMARY_FILE)
 
 
+def _candidates(best_dir: Path, use: LibraryUse | None, target: Any, workloads: set[str],
+                shard_dirs: list[Path]) -> tuple[list[Any], set[str]]:
+    """The best record per workload the merge judges: the shards' (``best_dir``), with the
+    library's where faster or missing (:func:`with_library`)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    candidates, from_library = with_library(ms.database.JSONDatabase(work_dir=str(best_dir)).get_all_tuning_records(),
+                                            library_lookup(use, target), workloads)
+    if not candidates:
+        raise TunerError(f"no tuning records in {', '.join(map(str, shard_dirs))} nor in the tuning library")
+    return candidates, from_library
+
+
 def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path, use: LibraryUse | None = None,
                      job_id: str | None = None) -> Summary:
-    from tvm.s_tir import meta_schedule as ms
 
     t0 = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
@@ -335,13 +347,9 @@ def merge_and_report(spec: TuningJobSpec, shard_dirs: list[Path], out: Path, use
     target = make_target(spec.target, spec.builder_workers)
     dev = device_for(spec.target)
     x = model.sample_input(seed=spec.seed)
-    extracted = extract(model.mod, target)  # once: the library's candidates and the task summaries
+    extracted = extract(model.mod, target)
     workload_names = {t.info.workload_hash: t.info.name for t in extracted}
-    candidates, from_library = with_library(
-        ms.database.JSONDatabase(work_dir=str(out / "best")).get_all_tuning_records(), library_lookup(use, target),
-        set(workload_names))
-    if not candidates:
-        raise TunerError(f"no tuning records in {', '.join(map(str, shard_dirs))} nor in the tuning library")
+    candidates, from_library = _candidates(out / "best", use, target, set(workload_names), shard_dirs)
 
     # Per task: the best record against TVM's default schedule; best/ keeps the winners only.
     # On a shared GPU every measurement below runs alone: co-tenants hold theirs back meanwhile.
