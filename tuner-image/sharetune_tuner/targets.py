@@ -9,6 +9,7 @@ given, so the arch is that GPU's by construction, in every sharing mode.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -25,9 +26,11 @@ def cuda_arch(ask_servers: Callable[[], str] | None = None) -> str:
     return gpus.cuda_arch(ask_servers)
 
 
+@functools.cache
 def _servers_gpu(host: str, port: int, key: str, timeout_s: float) -> tuple[str, str]:
     """The compute version and name of the GPU behind the job's servers: one short RPC session
-    through the tracker (waiting up to ``timeout_s`` for a server to register), asking its device 0."""
+    through the tracker (waiting up to ``timeout_s`` for a server to register), asking its device 0.
+    Asked once per process: the arch and the tuning library's device name come from one answer."""
     from tvm import rpc
 
     from .client import wait_for_tracker
