@@ -63,16 +63,39 @@ def best_in_database(context: Any, database: Any, k: int) -> set[int]:
     """Structural hashes of the task's ``k`` best schedules in ``database``, rebuilt the way the
     evolutionary search rebuilds them for its population (the trace without its postprocessing,
     then the task's postprocessors), so they equal the modules it proposes."""
-    mod = context.mod
-    postprocs = context.space_generator.postprocs
     hashes: set[int] = set()
-    for record in database.get_top_k(database.commit_workload(mod), k):
-        sch = Schedule(mod, error_render_level="none")
-        record.trace.apply_to_schedule(sch, remove_postproc=True)
-        sch.enter_postproc()
-        if all(p.apply(sch) for p in postprocs):
+    for record in database.get_top_k(database.commit_workload(context.mod), k):
+        sch = replay(context, record.trace)
+        if sch is not None:
             hashes.add(tvm_ffi.structural_hash(sch.mod))
     return hashes
+
+
+def replay(context: Any, trace: Any) -> Any:
+    """``trace`` rebuilt on the task's module the way the evolutionary search rebuilds a measured
+    schedule for its population: without its postprocessing, then the task's postprocessors
+    (None where one rejects it)."""
+    sch = Schedule(context.mod, error_render_level="none")
+    trace.apply_to_schedule(sch, remove_postproc=True)
+    sch.enter_postproc()
+    return sch if all(p.apply(sch) for p in context.space_generator.postprocs) else None
+
+
+def seed_candidates(context: Any, seeds: list[Any]) -> list[Any]:
+    """The library's schedules of a task as measure candidates of its module: each trace replayed
+    on the task's own module and its postprocessors applied (a trace that no longer applies, e.g.
+    from another TVM version, is skipped)."""
+    out = []
+    workload = ms.database.Workload(context.mod)
+    for e in seeds:
+        try:
+            sch = replay(context, ms.database.TuningRecord.from_json(e.record, workload).trace)
+            if sch is None:
+                continue
+            out.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)))
+        except Exception as err:  # a trace this TVM or this module refuses
+            log.debug("library schedule of %s skipped: %s", context.task_name, err)
+    return out
 
 
 @derived_object
@@ -109,47 +132,42 @@ class CappedSearch(ms.search_strategy.PySearchStrategy):
     def post_tuning(self) -> None:
         self.inner.post_tuning()
 
-    def _seed_batch(self, left: int) -> list[Any]:
-        from .warm_start import seed_candidates
-
-        seeds, self.seeds = self.seeds, []
-        fresh: dict[int, Any] = {}
-        for c in seed_candidates(self.context, seeds):
+    def _hand_out(self, candidates: Any, left: int) -> tuple[list[Any], int]:
+        """The candidates not measured for the task yet (nor twice in ``candidates``), at most
+        ``left`` (the last batch: trimmed to the budget), recorded as measured; and how many were
+        duplicates."""
+        fresh: dict[int, Any] = {}  # by hash: also a batch's second copy of one schedule (random sampling)
+        dupes = 0
+        for c in candidates:
             h = tvm_ffi.structural_hash(c.sch.mod)
-            if h not in self.measured.hashes and h not in fresh and len(fresh) < left:
+            if h in self.measured.hashes or h in fresh:
+                dupes += 1
+            elif len(fresh) < left:
                 fresh[h] = c
         self.measured.hashes.update(fresh)
         self.proposed += len(fresh)
-        if fresh:
-            log.info("task %s: first measures %d schedules from the tuning library", self.context.task_name, len(fresh))
-        return list(fresh.values())
+        return list(fresh.values()), dupes
 
     def generate_measure_candidates(self) -> list[Any] | None:
         left = self.cap - self.proposed
         if self.seeds and left > 0:
-            batch = self._seed_batch(left)
+            seeds, self.seeds = self.seeds, []
+            batch, _ = self._hand_out(seed_candidates(self.context, seeds), left)
             if batch:
+                log.info("task %s: first measures %d schedules from the tuning library", self.context.task_name,
+                         len(batch))
                 self.seed_batch = True
                 return batch
-            left = self.cap - self.proposed
         for _ in range(MAX_EMPTY_BATCHES + 1):
             if left <= 0:
                 return None
             batch = self.inner.generate_measure_candidates()
             if batch is None:
                 return None
-            m = self.measured
-            fresh: dict[int, Any] = {}  # by hash: also a batch's second copy of one schedule (random sampling)
-            for c in batch:
-                h = tvm_ffi.structural_hash(c.sch.mod)
-                if h in m.hashes or h in fresh:
-                    m.dropped += 1
-                elif len(fresh) < left:  # the last batch: trimmed to the budget
-                    fresh[h] = c
+            fresh, dupes = self._hand_out(batch, left)
+            self.measured.dropped += dupes
             if fresh:
-                m.hashes.update(fresh)
-                self.proposed += len(fresh)
-                return list(fresh.values())
+                return fresh
             # Every candidate already measured: tell the inner strategy its batch is done (it
             # counts batches) and ask again.
             self.inner.notify_runner_results(batch, [ms.runner.RunnerResult(run_secs=None, error_msg="duplicate")

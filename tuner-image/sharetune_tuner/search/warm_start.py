@@ -129,28 +129,6 @@ def reused_budgets(budget: dict[str, int], workload_of: dict[str, str], found: L
     return out, reused
 
 
-def seed_candidates(context: Any, seeds: list[Entry]) -> list[Any]:
-    """The library's schedules of a task as measure candidates of its module: each trace replayed
-    on the task's own module and its postprocessors applied (a trace that no longer applies, e.g.
-    from another TVM version, is skipped)."""
-    from tvm.s_tir import Schedule
-    from tvm.s_tir import meta_schedule as ms
-
-    out = []
-    workload = ms.database.Workload(context.mod)
-    for e in seeds:
-        try:
-            sch = Schedule(context.mod, error_render_level="none")
-            ms.database.TuningRecord.from_json(e.record, workload).trace.apply_to_schedule(sch, remove_postproc=True)
-            sch.enter_postproc()
-            if not all(p.apply(sch) for p in context.space_generator.postprocs):
-                continue
-            out.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)))
-        except Exception as err:  # a trace this TVM or this module refuses
-            log.debug("library schedule of %s skipped: %s", context.task_name, err)
-    return out
-
-
 def pretrain(cost_model: Any, target: Any, found: Lookup, limit: int = PRETRAIN_MAX) -> int:
     """Trains ``cost_model`` on the library's records of this target and device, each workload as
     its own group (its IR from the library); returns the records it learnt from."""
