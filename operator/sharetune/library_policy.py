@@ -11,6 +11,7 @@ from typing import Any
 
 from .api import commands
 from .api.spec import DEFAULT_LIBRARY_MODE, LIBRARY_MODES, LibrarySpec, TuningJobSpec, library_mode, library_scope
+from .api.topology import s3_env
 
 DEFAULT_MODE_ENV = "SHARETUNE_LIBRARY_DEFAULT_MODE"  # the chart's library.defaultMode
 SHARED_SCOPES_ENV = "SHARETUNE_LIBRARY_SHARED_SCOPES"  # the chart's library.sharedScopes, comma-separated
@@ -53,22 +54,6 @@ def _uri(lib: LibrarySpec) -> str | None:
     return None
 
 
-def _s3_env(lib: LibrarySpec) -> list[dict[str, Any]]:
-    s3 = lib.s3
-    if s3 is None:
-        return []
-    env: list[dict[str, Any]] = [
-        {"name": ENV_PREFIX + "AWS_ACCESS_KEY_ID",
-         "valueFrom": {"secretKeyRef": {"name": s3.secret_name, "key": s3.access_key_id_key}}},
-        {"name": ENV_PREFIX + "AWS_SECRET_ACCESS_KEY",
-         "valueFrom": {"secretKeyRef": {"name": s3.secret_name, "key": s3.secret_access_key_key}}},
-        {"name": ENV_PREFIX + "AWS_DEFAULT_REGION", "value": s3.region},
-    ]
-    if s3.endpoint:
-        env.append({"name": ENV_PREFIX + "S3_ENDPOINT", "value": s3.endpoint})
-    return env
-
-
 def library_parts(spec: TuningJobSpec, namespace: str, config: LibraryConfig | None) -> LibraryParts:
     """The pods' share of ``spec.library`` (nothing without one, or in mode none). The scope is the
     job's namespace unless the chart shares the one it names (SpecError otherwise)."""
@@ -82,4 +67,4 @@ def library_parts(spec: TuningJobSpec, namespace: str, config: LibraryConfig | N
     if lib.pvc:
         return LibraryParts(args, [{"name": "library", "persistentVolumeClaim": {"claimName": lib.pvc}}],
                             [{"name": "library", "mountPath": LIBRARY_MOUNT}])
-    return LibraryParts(args, env=_s3_env(lib))
+    return LibraryParts(args, env=s3_env(lib.s3, ENV_PREFIX))

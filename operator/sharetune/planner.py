@@ -72,6 +72,7 @@ from .api.topology import (
     in_group,
     pool_host_dir,
     pool_pod_name,
+    s3_env,
 )
 from .api.topology import result_location as _result_location
 from .api.topology import s3_job_prefix as _s3_job_prefix
@@ -135,19 +136,7 @@ def _pod_restricted() -> dict[str, Any]:
 
 
 def _store_env(spec: TuningJobSpec) -> list[dict[str, Any]]:
-    s3 = spec.output.s3
-    if s3 is None:
-        return []
-    env: list[dict[str, Any]] = [
-        {"name": "AWS_ACCESS_KEY_ID",
-         "valueFrom": {"secretKeyRef": {"name": s3.secret_name, "key": s3.access_key_id_key}}},
-        {"name": "AWS_SECRET_ACCESS_KEY",
-         "valueFrom": {"secretKeyRef": {"name": s3.secret_name, "key": s3.secret_access_key_key}}},
-        {"name": "AWS_DEFAULT_REGION", "value": s3.region},
-    ]
-    if s3.endpoint:
-        env.append({"name": "SHARETUNE_S3_ENDPOINT", "value": s3.endpoint})
-    return env
+    return s3_env(spec.output.s3)
 
 
 NO_MULTICAST_ENV = [{"name": k, "value": v} for k, v in NO_MULTICAST.items()]

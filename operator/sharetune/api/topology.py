@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import Any
 
-from .spec import TuningJobSpec
+from .spec import S3Output, TuningJobSpec
 
 # ---- ports and paths inside the pods -----------------------------------------------------------
 TRACKER_PORT = 9190
@@ -197,3 +198,21 @@ def pool_host_dir(namespace: str, index: int) -> str:
     """The pipe/log directory of GPU ``index``'s pool on its node (a hostPath), under the pool's
     (the release's) namespace: two releases on one node never share a daemon's pipe."""
     return f"{MPS_POOL_ROOT}/{namespace}/gpu-{index}"
+
+
+def s3_env(s3: S3Output | None, prefix: str = "") -> list[dict[str, Any]]:
+    """A pod's env for an S3 location (the tuner's ``store.s3_client`` reads it): the keys from the
+    location's Secret, its region and endpoint. ``prefix``: another bucket's own variables beside the
+    job output store's (the tuning library's ``SHARETUNE_LIBRARY_``), its endpoint ``<prefix>S3_ENDPOINT``."""
+    if s3 is None:
+        return []
+    env: list[dict[str, Any]] = [
+        {"name": prefix + "AWS_ACCESS_KEY_ID",
+         "valueFrom": {"secretKeyRef": {"name": s3.secret_name, "key": s3.access_key_id_key}}},
+        {"name": prefix + "AWS_SECRET_ACCESS_KEY",
+         "valueFrom": {"secretKeyRef": {"name": s3.secret_name, "key": s3.secret_access_key_key}}},
+        {"name": prefix + "AWS_DEFAULT_REGION", "value": s3.region},
+    ]
+    if s3.endpoint:
+        env.append({"name": (prefix + "S3_ENDPOINT") if prefix else "SHARETUNE_S3_ENDPOINT", "value": s3.endpoint})
+    return env
