@@ -45,6 +45,10 @@ from sharetune.procs import ProcessGroup, free_port
 FAKE_MPS_CONTROL = Path(__file__).resolve().with_name("fake_mps_control.py")  # a MOCK of NVIDIA's binary
 FAKE_NVML = Path(__file__).resolve().with_name("fake_nvml")  # a MOCK of NVIDIA's NVML bindings (pynvml)
 MANAGED = "app.kubernetes.io/managed-by=sharetune"
+# The tuner image carries TVM's tensor-intrinsics cache built in (tuner-image/Dockerfile); a pod's
+# HOME here is its own fresh folder, so without this every client would parse the intrinsics
+# again (~55 s of two busy cores per job). The developer's own cache stands in for the image's.
+INTRINSICS_CACHE = os.environ.get("SHARETUNE_INTRINSICS_CACHE") or str(Path.home() / ".cache" / "sharetune")
 
 
 @dataclass
@@ -222,7 +226,8 @@ class ProcessKubelet:
                 override[path] = str(self.workdir / "host" / v.host_path.path.strip("/").replace("/", "_"))
         args = [_rewrite_path(a, override) for a in args]
         env = {"PATH": os.environ["PATH"], "HOME": str(work), "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "HOSTNAME": name, **self.extra_env,
+               "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "HOSTNAME": name,
+               "SHARETUNE_INTRINSICS_CACHE": INTRINSICS_CACHE, **self.extra_env,
                **{k: _rewrite_path(v, override) for k, v in pod_env.items()},
                "KUBECONFIG": str(self._kubeconfig(pod, work))}
         # A GPU pool's daemon belongs to no job (mode pool: the operator's, shared by the jobs on its GPU).
