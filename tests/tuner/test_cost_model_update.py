@@ -77,7 +77,8 @@ def tune(work_dir: Path, shard_budget: int) -> list[int]:
                          task_name="matmul", num_threads=2, rand_state=1)
     ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=str(work_dir), max_trials_global=BUDGET,
                   max_trials_per_task=BUDGET, num_trials_per_iter=PER_ITER,
-                  builder=ms.builder.LocalBuilder(max_workers=2, f_build=build_without_intrinsics), runner=ms.runner.LocalRunner(),
+                  builder=ms.builder.LocalBuilder(max_workers=2, f_build=build_without_intrinsics),
+                  runner=ms.runner.LocalRunner(),
                   database=ms.database.MemoryDatabase(), cost_model=model,
                   measure_callbacks=[ms.measure_callback.AddToDatabase(),
                                      CostModelUpdate(shard), CountDone(task), CountDone(shard)],

@@ -47,7 +47,8 @@ def _tune(db_dir: Path, store_ahead: Any) -> None:
     try:
         ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=str(db_dir / "logs"), max_trials_global=BUDGET,
                       max_trials_per_task=BUDGET, num_trials_per_iter=PER_ITER,
-                      builder=ms.builder.LocalBuilder(max_workers=2, f_build=build_without_intrinsics), runner=ms.runner.LocalRunner(),
+                      builder=ms.builder.LocalBuilder(max_workers=2, f_build=build_without_intrinsics),
+                      runner=ms.runner.LocalRunner(),
                       database=database, cost_model=ms.CostModel.create("random"),
                       # As the client has them, the cost-model update in the middle.
                       measure_callbacks=[StoreBatch(ahead), ms.measure_callback.RemoveBuildArtifact(),
