@@ -94,17 +94,21 @@ def arm_id(network: str, seed: int, arm: str) -> str:
     return f"rb-{network}-s{seed}-{arm}"
 
 
-# A sharetune arm run with a search other than the client's default is a variant, kept beside the
-# shipped arm (never in its place): ``sharetune-e4x4``. Variants are evaluated with the arms of their
-# (network, seed) and reported as rows; the ratios and goals are the shipped arm's.
-VARIANT_PREFIX = "sharetune-e"
+# A sharetune arm run with a search other than the client's default (``sharetune-e4x4``) or without
+# the shards' cost models learning each other's records (``sharetune-nopeers``,
+# search/peer_records.py) is a variant, kept beside the shipped arm (never in its place). Variants
+# are evaluated with the arms of their (network, seed) and reported as rows; the ratios and goals
+# are the shipped arm's.
+VARIANT_PREFIX = "sharetune-"
 
 
-def arm_name(arm: str, evolution: str, default_evolution: str) -> str:
-    """The arm as recorded: ``sharetune`` with a non-default evolution is a variant."""
-    if arm == "sharetune" and evolution and evolution != default_evolution:
-        return f"{VARIANT_PREFIX}{evolution}"
-    return arm
+def arm_name(arm: str, evolution: str, default_evolution: str, peers: bool = True) -> str:
+    """The arm as recorded: ``sharetune`` with a non-default evolution or without peers is a variant."""
+    if arm != "sharetune":
+        return arm
+    parts = [f"e{evolution}"] if evolution and evolution != default_evolution else []
+    parts += [] if peers else ["nopeers"]
+    return "-".join(["sharetune", *parts])
 
 
 def eval_id(network: str, seed: int) -> str:
@@ -173,7 +177,7 @@ def knobs(a: argparse.Namespace, cores: int) -> dict[str, Any]:
             "runner": "SessionRPCRunner",
             "search": ("client default: a shard's tasks round-robin in one tune_tasks call; each task's first round "
                        "by random sampling (replay) while the cost model is cold, then evolutionary"),
-            "evolution": _evolution(a),
+            "evolution": _evolution(a), "peer_records": "off" if getattr(a, "no_peers", False) else "on",
             "cost_model": "xgb"}
 
 
@@ -260,7 +264,7 @@ def tune(a: argparse.Namespace) -> int:
     import tune_cell
     from sharetune_tuner.client import Evolution
 
-    name = arm_name(a.arm, _evolution(a) if a.evolution else "", str(Evolution()))
+    name = arm_name(a.arm, _evolution(a) if a.evolution else "", str(Evolution()), peers=not a.no_peers)
     aid = arm_id(a.network, a.seed, name)
     if aid in load_cells(ARMS_FILE) and not a.force:
         log(f"{aid}: already done, skipped")
@@ -292,6 +296,8 @@ def tune(a: argparse.Namespace) -> int:
         if a.arm == "sharetune":
             if a.evolution:  # read by each client (ClientConfig.evolution), checked before the window
                 os.environ["SHARETUNE_EVOLUTION"] = _evolution(a)
+            if a.no_peers:  # each shard's cost model learns only its own records (the clients read it)
+                os.environ["SHARETUNE_PEER_RECORDS"] = "off"
             r = tune_cell.run_sharetune(ca, wd)
         elif a.arm == "stock-tuned":
             r = tune_cell.run_baseline(ca, wd, servers=a.servers, runner_workers=a.servers,
@@ -972,6 +978,8 @@ def main(argv: list[str] | None = None) -> int:
                    "(population per candidate x generations; SHARETUNE_EVOLUTION; default: the client's, 4x4)")
     t.add_argument("--per-iter", type=int, default=ST_PER_ITER, help="sharetune: candidates per round")
     t.add_argument("--per-task", type=int, default=ST_PER_TASK, help="sharetune: trials per task at most")
+    t.add_argument("--no-peers", action="store_true", help="sharetune: each shard's cost model learns only its own "
+                   "records (SHARETUNE_PEER_RECORDS=off; the variant sharetune-nopeers)")
     t.add_argument("--force", action="store_true")
     t.add_argument("--profile-s", type=float, default=0.0, help="py-spy one client and the build service for "
                                                                  "this long (0: no profile)")

@@ -162,6 +162,9 @@ def _add_tuning_commands(sub: Any) -> None:
                    "upload the shard's records there (what pods do)")
     c.add_argument("--progress", default=None, help="configmap://ns/job for progress when --store is s3")
     c.add_argument("--sync-interval", type=float, default=10.0)
+    c.add_argument("--peer-dir", type=Path, action="append", default=[],
+                   help="every shard's record directory, in shard order (local mode): the cost model learns "
+                   "the other shards' records too (pods read them from --store)")
     c.add_argument("--clients-on-host", type=int, default=1,
                    help="clients sharing this host's CPUs: sizes the default builder pool (local mode: all shards)")
     c.add_argument("--build-service", default=None, metavar="ADDR",
@@ -368,6 +371,7 @@ def _client(a: argparse.Namespace) -> int:
             if sync is not None:
                 cfg.on_round = sync.poke
                 cfg.store_ahead = sync.write_ahead
+            cfg.peers = _peers(a, sync)
             progress = run_client(cfg, model, target)
             if sync is not None:
                 sync.stop()
@@ -381,6 +385,20 @@ def _client(a: argparse.Namespace) -> int:
     finally:
         if srv:
             srv.stop()
+
+
+def _peers(a: argparse.Namespace, sync: Any) -> Any:
+    """Where the job's other shards' records are: the job's store (pods), else the shards'
+    directories (``--peer-dir``, local mode); None: neither."""
+    from .search.peer_records import dir_fetch, store_fetch
+
+    if os.environ.get("SHARETUNE_PEER_RECORDS", "on") == "off":  # a benchmark's arm without it
+        return None
+    if sync is not None:
+        return store_fetch(sync.store)
+    if a.peer_dir:
+        return dir_fetch(dict(enumerate(a.peer_dir)))
+    return None
 
 
 def _shard_sync(a: argparse.Namespace) -> Any:

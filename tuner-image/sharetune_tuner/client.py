@@ -34,6 +34,7 @@ from .model.intrinsics import ensure_registered
 from .model.tasks import Task, extract
 from .search.capped_search import CappedSearch, Measured
 from .search.partition import budgets, partition, to_tune, useful_shards
+from .search.peer_records import Fetch, LearnFromPeers, PeerRecords
 from .search.warm_start import SEEDS_PER_TASK, LibraryUse, Lookup, library_lookup, pretrain, reused_budgets
 from .store import records
 from .store.write_ahead import RecordLines, StoreAhead
@@ -116,6 +117,9 @@ class ClientConfig:
     # away instead of waiting for its next tick: the job's status follows the rounds).
     on_round: Callable[[], None] | None = field(default=None, compare=False, repr=False)
     process_started_at: float | None = None  # time.time() when the process began (start-up report)
+    # Where the job's other shards' records are (search/peer_records.py: the job's store, or the
+    # shards' directories in local mode); None: this shard's cost model learns only its own.
+    peers: Fetch | None = field(default=None, compare=False, repr=False)
 
 
 def wait_for_tracker(host: str, port: int, key: str, timeout_s: float) -> int:
@@ -418,6 +422,11 @@ class _ShardTuning:
             metrics.LIBRARY_RECORDS.labels(cfg.job, str(cfg.shard), "pretrain").inc(learnt)
             self.progress.startup["library_pretrain_s"] = round(time.monotonic() - t0, 2)
             log.info("cost model trained on %d library records before the first round", learnt)
+        # The other shards' measurements teach this shard's cost model too (a learned model only).
+        self.peers: PeerRecords | None = None
+        others = [j for j in range(cfg.shards) if j != cfg.shard]
+        if cfg.peers is not None and others and cfg.cost_model == "xgb":
+            self.peers = PeerRecords(cfg.peers, others).start()
         log.info("threads: search %d, cost model %d (%d clients on this host); search while the cost model is "
                  "cold: %s", self.cores, cm_threads, cfg.clients_on_host, cfg.cold_search)
         # Per task of todo: the candidates measured (CappedSearch drops them again); a resumed
@@ -451,6 +460,9 @@ class _ShardTuning:
                 log.info("%d candidates dropped: schedules already measured for their task (earlier in this process, "
                          "before a restart, or in the same batch), not measured twice", dropped)
             self.progress.phases = {k: round(float(v), 3) for k, v in prof.get().items()}
+        if self.peers is not None:
+            self.peers.stop()
+            log.info("cost model learnt from %d records of the job's other shards", self.progress.peer_records)
         log.info("where the time went:\n%s", prof.table())
         b = self.builder
         if hasattr(b, "remote_builds"):  # RemoteBuilder: where this shard's candidates were built
@@ -510,5 +522,11 @@ class _ShardTuning:
         else:
             out = [ms.measure_callback.AddToDatabase(), ms.measure_callback.RemoveBuildArtifact(),
                    CostModelUpdate(self.progress)]
+        if self.peers is not None:
+            out.append(LearnFromPeers(self.peers, self.cost_model, ctxs[0].target, self._learnt_from_peers))
         out.append(ProgressCallback(cfg, self.progress, tps, self.progress_path, self.phases, self.windows_log))
         return out
+
+    def _learnt_from_peers(self, n: int) -> None:
+        self.progress.peer_records += n
+        metrics.PEER_RECORDS.labels(self.cfg.job, str(self.cfg.shard)).inc(n)

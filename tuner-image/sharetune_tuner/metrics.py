@@ -36,6 +36,8 @@ LIBRARY_RECORDS = Counter("sharetune_library_records", "Tuning-library records a
                           ["tuning_job", "shard", "use"])
 LIBRARY_TASKS_REUSED = Gauge("sharetune_library_tasks_reused", "Tasks not tuned again: the tuning library holds them",
                              ["tuning_job", "shard"])
+PEER_RECORDS = Counter("sharetune_peer_records", "Records of the job's other shards a shard's cost model learnt from",
+                       ["tuning_job", "shard"])
 MPS_UP = Gauge("sharetune_mps_daemon_up", "1 while the MPS control daemon answers", ["pipe_dir"])
 
 TRIAL_STATUSES = ("ok", "build_error", "run_error")

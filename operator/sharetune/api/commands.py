@@ -74,15 +74,18 @@ def client(job_manifest: str, work_dir: str, tracker_addr: str, key: str, server
            shard: int | None = None, shards: int | None = None, store: str | None = None,
            progress: str | None = None, clients_on_host: int | None = None, session_runner: bool = False,
            build_service: str | None = None, metrics_port: int | None = None,
-           arch_from_servers: bool = False, library_args: list[str] | None = None) -> list[str]:
+           arch_from_servers: bool = False, library_args: list[str] | None = None,
+           peer_dirs: list[str] | None = None) -> list[str]:
     """A shard's client. In a pod ``shard`` is left out: the Indexed Job's completion index is it.
-    ``arch_from_servers``: a client that sees no GPU (a pod) asks the job's servers for the cuda arch."""
+    ``arch_from_servers``: a client that sees no GPU (a pod) asks the job's servers for the cuda arch.
+    ``peer_dirs``: every shard's directory, in shard order (local mode; pods read the store)."""
     return ["client", "--job", job_manifest, *_opt("--shard", shard), *_opt("--shards", shards),
             "--work-dir", work_dir, "--tracker", tracker_addr, "--key", key, "--servers", str(servers),
             *(["--session-runner"] if session_runner else []), *(["--arch-from-servers"] if arch_from_servers else []),
             *_opt("--clients-on-host", clients_on_host),
             *_opt("--build-service", build_service), *_opt("--store", store), *_opt("--progress", progress),
-            *_opt("--metrics-port", metrics_port), *(library_args or [])]
+            *_opt("--metrics-port", metrics_port), *(library_args or []),
+            *[a for d in peer_dirs or [] for a in ("--peer-dir", d)]]
 
 
 def build_service(listen: str, metrics_port: int | None = None, workers: int | None = None) -> list[str]:

@@ -71,6 +71,8 @@ class Progress:
     # library records this shard started from (its tasks' first rounds and its cost model).
     tasks_from_library: list[str] = field(default_factory=list)
     library_records: int = 0
+    # Records of the job's other shards this shard's cost model learnt from (peer_records.py).
+    peer_records: int = 0
     version: int = VERSION
 
     @property
@@ -112,6 +114,6 @@ class Progress:
         return cls(job=str(d.get("job", "")), shard=int(d.get("shard", 0)), shards=int(d.get("shards", 1)), **kw)
 
 
-_INTS = ("budget", "done", "resumed", "errors", "library_records", "measured_alone", "measured_beside_others",
-         "unfenced", "version")
+_INTS = ("budget", "done", "resumed", "errors", "library_records", "peer_records", "measured_alone",
+         "measured_beside_others", "unfenced", "version")
 _OPTIONAL_INTS = ("useful_shards", "tasks_total", "tasks_to_tune")

@@ -242,7 +242,8 @@ class LocalRun:
                                replicas // shards if session else replicas, shard=i, shards=shards,
                                clients_on_host=self.host_clients or shards, session_runner=session,
                                build_service=str(self.build_socket) if self.build_socket else None,
-                               library_args=self.library_args())
+                               library_args=self.library_args(),
+                               peer_dirs=[str(self.shard_dir(j)) for j in range(shards)] if shards > 1 else None)
 
     def library_args(self) -> list[str]:
         """spec.library in local mode: a directory here (or S3, credentials from this environment),

@@ -132,31 +132,41 @@ def reused_budgets(budget: dict[str, int], workload_of: dict[str, str], found: L
 def pretrain(cost_model: Any, target: Any, found: Lookup, limit: int = PRETRAIN_MAX) -> int:
     """Trains ``cost_model`` on the library's records of this target and device, each workload as
     its own group (its IR from the library); returns the records it learnt from."""
-    from tvm.s_tir import Schedule
-    from tvm.s_tir import meta_schedule as ms
-
     by_wl: dict[str, list[Entry]] = {}
     for e in sorted(found.same_device, key=lambda e: e.secs):
         by_wl.setdefault(e.key.workload, []).append(e)
+    groups = [(wl, found.irs[wl], [e.record for e in group]) for wl, group in sorted(by_wl.items())
+              if wl in found.irs]
+    return learn(cost_model, target, groups, limit, "library")
+
+
+def learn(cost_model: Any, target: Any, groups: list[tuple[str, str, list[list[Any]]]], limit: int,
+          source: str) -> int:
+    """Trains ``cost_model`` on tuning records measured elsewhere, grouped by workload: (its
+    structural hash, its IR as a JSONDatabase workload line holds it, the records' bodies
+    ``[trace, run_secs, target, args_info]``); at most ``limit`` records. Returns how many it learnt
+    from. A workload or trace this TVM cannot load is skipped (and logged at debug)."""
+    from tvm.s_tir import Schedule
+    from tvm.s_tir import meta_schedule as ms
+
     used = 0
-    for wl, group in sorted(by_wl.items()):
-        if used >= limit or wl not in found.irs:
-            continue
-        group = group[:limit - used]
+    for wl, ir, bodies in groups:
+        if used >= limit:
+            break
+        bodies = bodies[:limit - used]
         try:
-            workload = ms.database.Workload.from_json([wl, found.irs[wl]])
+            workload = ms.database.Workload.from_json([wl, ir])
             mod = workload.mod
-            ctx = ms.TuneContext(mod=mod, target=target, task_name=f"library-{wl}")
+            ctx = ms.TuneContext(mod=mod, target=target, task_name=f"{source}-{wl}")
             cands, results = [], []
-            for e in group:
+            for body in bodies:
                 sch = Schedule(mod, error_render_level="none")
-                ms.database.TuningRecord.from_json(e.record, workload).trace.apply_to_schedule(
-                    sch, remove_postproc=False)
+                ms.database.TuningRecord.from_json(body, workload).trace.apply_to_schedule(sch, remove_postproc=False)
                 cands.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod,
                                                                                           remove_preproc=True)))
-                results.append(ms.runner.RunnerResult(run_secs=[float(s) for s in e.record[1]], error_msg=None))
+                results.append(ms.runner.RunnerResult(run_secs=[float(s) for s in body[1]], error_msg=None))
             cost_model.update(ctx, cands, results)
             used += len(cands)
         except Exception as err:  # a workload or trace this TVM cannot load: learnt without it
-            log.debug("library workload %s not learnt: %s", wl, err)
+            log.debug("%s workload %s not learnt: %s", source, wl, err)
     return used

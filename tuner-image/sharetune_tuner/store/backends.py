@@ -87,6 +87,17 @@ def pack_bytes(files: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
+def read_packed(data: bytes) -> dict[str, bytes]:
+    """The regular files of a :func:`pack_bytes` tar.gz, in memory (nothing written)."""
+    out: dict[str, bytes] = {}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        for m in tar.getmembers():
+            f = tar.extractfile(m) if m.isfile() else None
+            if f is not None:
+                out[m.name] = f.read()
+    return out
+
+
 def unpack(data: bytes, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:

@@ -77,6 +77,11 @@ def _parse_prefix(data: bytes) -> tuple[list[Any], int]:
     return out, good
 
 
+def parse_lines(data: bytes) -> list[Any]:
+    """The JSON lines of a database file's complete, valid prefix (a torn last line left out)."""
+    return _parse_prefix(data)[0]
+
+
 def read_lines(path: Path) -> list[Any]:
     """The complete, valid JSON lines of a records/workloads (or any JSON-lines) file."""
     return _complete_lines(path)[0]
