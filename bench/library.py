@@ -13,6 +13,8 @@ model untrained (cold) vs trained on a library (warm).
 
     .venv/bin/python bench/library.py run [--seeds 0,1]      # ~15 min on 2 busy cores
     .venv/bin/python bench/library.py rank --total 192       # the rank cell with a larger library (~10 min)
+    .venv/bin/python bench/library.py scale --total 480      # (a) at a 10x budget, seeds 0,1 (~35 min)
+    .venv/bin/python bench/library.py rounds                 # (c) best latency per round, cold vs warm (~10 min)
     .venv/bin/python bench/library.py summarize              # bench/results/library.json
 
 MetaSchedule's XGB model answers random scores until it holds 100 records (num_warmup_samples),
@@ -43,6 +45,7 @@ CELLS = RESULTS / "library-cells.jsonl"
 OUT = RESULTS / "library.json"
 PLOT = ROOT / "docs" / "library.png"
 TRIALS = {"total": 48, "perTask": 12, "perIteration": 4}
+TTQ_TOLERANCE = 0.02  # "reached" a latency: within 2% of it, as bench/h200/real_budget.py
 
 
 def job(name: str, shape: list[int], seed: int, library: dict[str, Any] | None) -> dict[str, Any]:
@@ -196,9 +199,66 @@ def summarize() -> dict[str, Any]:
         "again_relative_latency_ratio": {"geomean": _geo(lr), "worst": max(lr)} if lr else None,
         "related_warm_vs_cold_relative_latency": {"geomean": _geo(rel), "worst": max(rel)} if rel else None,
     }
+    result.update(_scale_summary(by), _rounds_summary(by))
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     plot(per_seed)
     return result
+
+
+def _scale_summary(by: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
+    """(a) per first-job budget (``scale``): the second job's wall time over the first's."""
+    out: dict[str, Any] = {}
+    for total in sorted({c["total"] for c in by.values() if "total" in c}):
+        rows = []
+        for seed in sorted({s for (arm, s) in by if arm == f"first-t{total}"}):
+            f, a = by.get((f"first-t{total}", seed)), by.get((f"again-t{total}", seed))
+            if f and a:
+                rows.append({"seed": seed, "first_wall_s": f["wall_s"], "again_wall_s": a["wall_s"],
+                             "again_trials": a["records"], "again_tasks_from_library": a["tasks_from_library"],
+                             "again_wall_fraction": round(a["wall_s"] / f["wall_s"], 4),
+                             "again_relative_latency_ratio": round(f["speedup"] / a["speedup"], 4)})
+        if rows:
+            fr = [r["again_wall_fraction"] for r in rows]
+            lr = [r["again_relative_latency_ratio"] for r in rows]
+            out[str(total)] = {"per_seed": rows, "again_wall_fraction": {"geomean": _geo(fr), "worst": max(fr),
+                                                                         "goal": "<= 0.05"},
+                               "again_relative_latency_ratio": {"geomean": _geo(lr), "worst": max(lr)}}
+    return {"again_at_larger_budgets": out} if out else {}
+
+
+def _rounds_summary(by: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
+    """(c) per round k, warm over cold of each task's best latency after its k-th round (tasks
+    both arms tuned), geometric mean over tasks and seeds with the worst beside it."""
+    ratios: dict[int, list[float]] = {}
+    speedups: list[float] = []  # per task: rounds cold needed for its final best / rounds warm needed
+    never = 0
+    seeds = sorted({s for (arm, s) in by if arm == "rounds-warm" and ("rounds-cold", s) in by})
+    for seed in seeds:
+        cold, warm = by[("rounds-cold", seed)]["round_bests"], by[("rounds-warm", seed)]["round_bests"]
+        for wl in set(cold) & set(warm):
+            for k, (c, w) in enumerate(zip(cold[wl], warm[wl]), start=1):
+                if c and w:
+                    ratios.setdefault(k, []).append(w / c)
+            final = cold[wl][-1]
+            if not final:
+                continue
+            reach = [k for k, c in enumerate(cold[wl], start=1) if c and c <= final * (1 + TTQ_TOLERANCE)]
+            got = [k for k, w in enumerate(warm[wl], start=1) if w and w <= final * (1 + TTQ_TOLERANCE)]
+            if got:
+                speedups.append(reach[0] / got[0])
+            else:
+                never += 1
+    if not ratios:
+        return {}
+    return {"rounds_warm_over_cold_best_latency": {
+        "seeds": seeds, "what": "per task, best latency after its k-th round, warm arm / cold arm (< 1: warm ahead)",
+        **{f"round_{k}": {"geomean": _geo(v), "worst": round(max(v), 4), "tasks": len(v)}
+           for k, v in sorted(ratios.items())},
+        "rounds_to_cold_final": {
+            "what": "per task, rounds the cold arm needed to reach its final best (within 2%) / rounds the warm "
+                    "arm needed to reach it (> 1: warm sooner); tasks warm never reached it counted apart",
+            "geomean": _geo(speedups) if speedups else None, "worst": min(speedups) if speedups else None,
+            "tasks": len(speedups), "warm_never_reached": never, "goal": ">= 3.0"}}}
 
 
 def plot(per_seed: list[dict[str, Any]]) -> None:
@@ -240,6 +300,8 @@ def rank_cell(total: int) -> None:
     doc = job("lib-rank-first", [1, 3, 64, 64], 0, {"path": str(lib), "mode": "warm"})
     doc["spec"]["trials"] = {"total": total, "perTask": total // 4, "perIteration": 4}
     s = run_one(doc, tmp / "first")
+    with CELLS.open("a") as f:
+        f.write(json.dumps({"arm": "rank-library", "seed": 0, "library": str(lib), "library_trials": total}) + "\n")
     for seed, records in sorted(held.items()):
         if not records.is_dir():
             continue
@@ -250,6 +312,65 @@ def rank_cell(total: int) -> None:
         print(json.dumps(rank), flush=True)
 
 
+def scale_cells(total: int, seeds: list[int]) -> None:
+    """(a) at a larger budget: the first job ``total`` trials (a quarter per task: the 3 convs and
+    the mean get them), then the same job again with ``reuse``; the second job's fixed cost (start-up,
+    the merge's re-measurement) against a first job long enough to be worth remembering."""
+    tmp = Path(tempfile.mkdtemp(prefix="sharetune-library-scale-"))
+    for seed in seeds:
+        lib = tmp / f"lib-s{seed}"
+        for arm, mode in (("first", "warm"), ("again", "reuse")):
+            doc = job(f"lib-{arm}-t{total}-s{seed}", [1, 3, 64, 64], seed, {"path": str(lib), "mode": mode})
+            doc["spec"]["trials"] = {"total": total, "perTask": total // 4, "perIteration": 8}
+            s = run_one(doc, tmp / f"{arm}-t{total}-s{seed}")
+            cell = _cell(f"{arm}-t{total}", seed, s, run_dir=str(tmp / f"{arm}-t{total}-s{seed}" / "run"), total=total)
+            with CELLS.open("a") as f:
+                f.write(json.dumps(cell) + "\n")
+            print(json.dumps({k: cell[k] for k in ("arm", "seed", "wall_s", "latency_tuned_ms", "records")}),
+                  flush=True)
+
+
+def round_bests(run_dir: Path, per_round: int) -> dict[str, list[float | None]]:
+    """Per workload, the fastest run time measured after each of its rounds (its records in the
+    order the shard measured them, ``per_round`` a round)."""
+    from sharetune_tuner.store import records
+
+    out: dict[str, list[float | None]] = {}
+    for shard in sorted((run_dir / "shards").glob("shard-*")):
+        workloads = records.read_lines(shard / records.WORKLOADS)
+        seen: dict[str, list[float]] = {}
+        for idx, body in records.read_lines(shard / records.RECORDS):
+            secs = records.mean_secs(body[1])
+            seen.setdefault(str(workloads[idx][0]), []).append(secs if secs is not None else math.inf)
+        for wl, times in seen.items():
+            best, curve = math.inf, []
+            for k in range(0, len(times), per_round):
+                best = min(best, *times[k:k + per_round])
+                curve.append(best if math.isfinite(best) else None)  # None: nothing ran yet
+            out[wl] = curve
+    return out
+
+
+def rounds_cells(seeds: list[int]) -> None:
+    """(c) the related model (tiny_cnn 96x96) tuned cold and warm, warm from the library the rank
+    cell filled (192 records of tiny_cnn 64x64: past XGB's 100-record warm-up); per task the best
+    latency after each round, warm over cold."""
+    cells = [json.loads(line) for line in CELLS.read_text().splitlines() if line.strip()]
+    libs = [c for c in cells if c["arm"] == "rank-library"]
+    if not libs or not Path(libs[-1]["library"]).is_dir():
+        raise SystemExit("no rank library here: run `bench/library.py rank` first")
+    lib = libs[-1]["library"]
+    tmp = Path(tempfile.mkdtemp(prefix="sharetune-library-rounds-"))
+    for seed in seeds:
+        for arm, library in (("rounds-cold", None), ("rounds-warm", {"path": lib, "mode": "warm"})):
+            s = run_one(job(f"lib-{arm}-s{seed}", [1, 3, 96, 96], seed, library), tmp / f"{arm}-s{seed}")
+            bests = round_bests(tmp / f"{arm}-s{seed}" / "run", TRIALS["perIteration"])
+            cell = _cell(arm, seed, s, run_dir=str(tmp / f"{arm}-s{seed}" / "run"), round_bests=bests)
+            with CELLS.open("a") as f:
+                f.write(json.dumps(cell) + "\n")
+            print(json.dumps({k: cell[k] for k in ("arm", "seed", "wall_s", "latency_tuned_ms")}), flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -257,12 +378,21 @@ def main() -> int:
     r.add_argument("--seeds", default="0,1")
     k = sub.add_parser("rank")
     k.add_argument("--total", type=int, default=192)
+    sc = sub.add_parser("scale")
+    sc.add_argument("--total", type=int, default=480)
+    sc.add_argument("--seeds", default="0,1")
+    rd = sub.add_parser("rounds")
+    rd.add_argument("--seeds", default="0,1")
     sub.add_parser("summarize")
     a = ap.parse_args()
     if a.cmd == "run":
         run([int(x) for x in a.seeds.split(",")])
     elif a.cmd == "rank":
         rank_cell(a.total)
+    elif a.cmd == "scale":
+        scale_cells(a.total, [int(x) for x in a.seeds.split(",")])
+    elif a.cmd == "rounds":
+        rounds_cells([int(x) for x in a.seeds.split(",")])
     print(json.dumps(summarize(), indent=2))
     return 0
 
