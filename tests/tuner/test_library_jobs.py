@@ -18,6 +18,7 @@ import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
 from sharetune_tuner.merge import with_library
+from sharetune_tuner.model.intrinsics import ensure_registered
 from sharetune_tuner.search import warm_start
 from sharetune_tuner.store import library
 from sharetune_tuner.store.library import Entry, Key, Where
@@ -68,6 +69,7 @@ def test_the_cost_model_learns_only_records_of_its_target_and_device(tmp_path: P
     found = _lookup(tmp_path, Where("cpu-a", 100))
     assert sorted(len(v) for v in found.same_share.values()) == [4, 4]
     cost_model = ms.CostModel.create("xgb", num_tuning_cores=1)
+    ensure_registered()  # as the client has them before it learns (TuneContext needs the intrinsics)
     assert warm_start.pretrain(cost_model, TARGET, found) == 8 and cost_model.data_size == 8
     elsewhere = _lookup(tmp_path / "b", Where("cpu-b", 100))  # measured on another CPU model
     assert elsewhere.same_device == [] and warm_start.pretrain(ms.CostModel.create("xgb"), TARGET, elsewhere) == 0

@@ -12,6 +12,7 @@ pytest.importorskip("tvm")
 
 from tvm.s_tir import meta_schedule as ms
 
+from sharetune_tuner.model.intrinsics import ensure_registered
 from sharetune_tuner.search.peer_records import LearnFromPeers, PeerRecords, dir_fetch, store_fetch
 from sharetune_tuner.store.backends import open_store
 from sharetune_tuner.store.sync import ShardSync
@@ -31,6 +32,7 @@ def test_a_shard_learns_what_the_other_shards_uploaded(s3_env, tmp_path: Path) -
     peers = PeerRecords(store_fetch(store), [1, 2, 3])  # shard 3 has uploaded nothing yet
     assert peers.poll() == 4  # the failed run taught nothing
     cost_model = ms.CostModel.create("xgb", num_tuning_cores=1)
+    ensure_registered()  # as the client has them before it learns (TuneContext needs the intrinsics)
     learnt: list[int] = []
     LearnFromPeers(peers, cost_model, TARGET, learnt.append).learn_pending()  # what apply() does
     assert learnt == [4] and cost_model.data_size == 4
