@@ -41,9 +41,10 @@ PANELS: tuple[Panel, ...] = (
          "{{tuning_job}} {{status}}"),)),
     Panel("Time per tuning phase", "s", (
         ('sum by (tuning_job, phase) (rate(sharetune_phase_seconds_total[1m]))', "{{tuning_job}} {{phase}}"),)),
-    # The tuning library (docs/library.md): 0 for jobs without one.
-    Panel("Tuning library: records started from, tasks reused", "short", (
+    # The tuning library and the job's other shards (docs/library.md): 0 for jobs without them.
+    Panel("Records learnt from the library and other shards, tasks reused", "short", (
         ('sum by (tuning_job, use) (sharetune_library_records_total)', "{{tuning_job}} {{use}}"),
+        ('sum by (tuning_job) (sharetune_peer_records_total)', "{{tuning_job}} other shards"),
         ('sum by (tuning_job) (sharetune_library_tasks_reused)', "{{tuning_job}} tasks reused"))),
     Panel("RPC servers registered", "short", (
         ('sum by (key) (sharetune_rpc_servers_registered)', "{{key}}"),)),

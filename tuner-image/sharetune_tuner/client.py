@@ -365,6 +365,7 @@ def _budget_progress(cfg: ClientConfig, plan: Any, progress: Progress) -> None:
     for use in ("seed", "pretrain"):  # 0 for a job without a library: the panel reads 0, not "no data"
         metrics.LIBRARY_RECORDS.labels(cfg.job, str(cfg.shard), use).inc(0)
     metrics.LIBRARY_TASKS_REUSED.labels(cfg.job, str(cfg.shard)).set(len(progress.tasks_from_library))
+    metrics.PEER_RECORDS.labels(cfg.job, str(cfg.shard)).inc(0)  # 0 for a single shard, as above
 
 
 def _builder(cfg: ClientConfig, cores: int) -> Any:
