@@ -77,7 +77,7 @@ def main() -> int:
            "network": "resnet50", "runs": runs,
            "final_latency_ratio": {"geomean": _geo(lat), "worst": max(lat)},
            "throughput_ratio": {"geomean": _geo(thr), "worst": min(thr)},
-           "note": "two seeds with different windows (what the device time allowed), on an H100: a first "
+           "note": "two seeds with different windows (200 s, 150 s), on an H100: a first "
                    "measurement whose two runs disagree in size, not a reproduced figure"}
     OUT.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1))
