@@ -199,7 +199,7 @@ def summarize() -> dict[str, Any]:
         "again_relative_latency_ratio": {"geomean": _geo(lr), "worst": max(lr)} if lr else None,
         "related_warm_vs_cold_relative_latency": {"geomean": _geo(rel), "worst": max(rel)} if rel else None,
     }
-    result.update(_scale_summary(by), _rounds_summary(by))
+    result.update({**_scale_summary(by), **_rounds_summary(by)})
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     plot(per_seed)
     return result
