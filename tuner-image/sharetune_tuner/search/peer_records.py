@@ -151,7 +151,7 @@ class LearnFromPeers(ms.measure_callback.PyMeasureCallback):
 
     def learn_pending(self) -> int:
         groups = self.peers.take()
-        n = learn(self.cost_model, self.target, groups, PEER_MAX, "peer") if groups else 0
+        n = learn(self.cost_model, self.target, groups, self.peers.limit, "peer") if groups else 0
         if n:
             self.on_learnt(n)
         return n
