@@ -14,6 +14,8 @@ model untrained (cold) vs trained on a library (warm).
     .venv/bin/python bench/library.py run [--seeds 0,1]      # ~15 min on 2 busy cores
     .venv/bin/python bench/library.py rank --total 192       # the rank cell with a larger library (~10 min)
     .venv/bin/python bench/library.py scale --total 480      # (a) at a 10x budget, seeds 0,1 (~35 min)
+    .venv/bin/python bench/library.py remeasure --total 480  # (a) both jobs' results timed in one process
+    .venv/bin/python bench/library.py related                # (b) ResNet-50 after ResNet-18, cold vs warm (~30 min)
     .venv/bin/python bench/library.py rounds                 # (c) best latency per round, cold vs warm (~10 min)
     .venv/bin/python bench/library.py summarize              # bench/results/library.json
 
@@ -48,8 +50,9 @@ TRIALS = {"total": 48, "perTask": 12, "perIteration": 4}
 TTQ_TOLERANCE = 0.02  # "reached" a latency: within 2% of it, as bench/h200/real_budget.py
 
 
-def job(name: str, shape: list[int], seed: int, library: dict[str, Any] | None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"model": {"name": "tiny_cnn", "inputShape": shape}, "target": "llvm",
+def job(name: str, shape: list[int], seed: int, library: dict[str, Any] | None,
+        model: str = "tiny_cnn") -> dict[str, Any]:
+    spec: dict[str, Any] = {"model": {"name": model, "inputShape": shape}, "target": "llvm",
                             "trials": dict(TRIALS), "servers": {"replicas": 2}, "clients": {"shards": 2},
                             "costModel": "xgb", "seed": seed}
     if library is not None:
@@ -191,7 +194,7 @@ def summarize() -> dict[str, Any]:
     result = {
         "how_measured": {"model": "tiny_cnn", "target": "llvm", "trials": TRIALS, "clients": 2, "servers": 2,
                          "command": "python bench/library.py run --seeds 0,1 && python bench/library.py summarize",
-                         "machine": cells[-1].get("machine") if cells else None,
+                         "machine": next((c["machine"] for c in reversed(cells) if c.get("machine")), None),
                          "date": max((c.get("date", "") for c in cells), default=None)},
         "per_seed": per_seed,
         "again_wall_fraction": {"geomean": _geo(fr), "worst": max(fr), "goal": "<= 0.05"} if fr else None,
@@ -199,7 +202,7 @@ def summarize() -> dict[str, Any]:
         "again_relative_latency_ratio": {"geomean": _geo(lr), "worst": max(lr)} if lr else None,
         "related_warm_vs_cold_relative_latency": {"geomean": _geo(rel), "worst": max(rel)} if rel else None,
     }
-    result.update({**_scale_summary(by), **_rounds_summary(by)})
+    result.update({**_scale_summary(by), **_rounds_summary(by), **_related_summary(by)})
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     plot(per_seed)
     return result
@@ -217,12 +220,19 @@ def _scale_summary(by: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
                              "again_trials": a["records"], "again_tasks_from_library": a["tasks_from_library"],
                              "again_wall_fraction": round(a["wall_s"] / f["wall_s"], 4),
                              "again_relative_latency_ratio": round(f["speedup"] / a["speedup"], 4)})
+                m = by.get((f"remeasure-t{total}", seed))
+                if m:
+                    rows[-1].update({k: m[k] for k in ("same_schedules", "one_process_again_over_first")})
         if rows:
             fr = [r["again_wall_fraction"] for r in rows]
             lr = [r["again_relative_latency_ratio"] for r in rows]
             out[str(total)] = {"per_seed": rows, "again_wall_fraction": {"geomean": _geo(fr), "worst": max(fr),
                                                                          "goal": "<= 0.05"},
                                "again_relative_latency_ratio": {"geomean": _geo(lr), "worst": max(lr)}}
+            one = [r["one_process_again_over_first"] for r in rows if "one_process_again_over_first" in r]
+            if one:  # both results timed in one process: what the merges' separate timings could not settle
+                out[str(total)]["one_process_again_over_first"] = {"geomean": _geo(one), "worst": max(one),
+                                                                   "seeds": len(one)}
     return {"again_at_larger_budgets": out} if out else {}
 
 
@@ -328,6 +338,178 @@ def scale_cells(total: int, seeds: list[int]) -> None:
                 f.write(json.dumps(cell) + "\n")
             print(json.dumps({k: cell[k] for k in ("arm", "seed", "wall_s", "latency_tuned_ms", "records")}),
                   flush=True)
+    remeasure_cells(total)
+
+
+def delivered_traces(run_dir: Path) -> dict[str, str]:
+    """Per workload hash, the schedule trace a run's merge delivered (``result/best``)."""
+    from sharetune_tuner.store import records
+
+    best = run_dir / "result" / "best"
+    workloads = records.read_lines(best / records.WORKLOADS)
+    return {str(workloads[idx][0]): json.dumps(body[0], sort_keys=True)
+            for idx, body in records.read_lines(best / records.RECORDS)}
+
+
+def side_by_side(first_run: Path, again_run: Path, shape: list[int], rounds: int = 10,
+                 model_name: str = "tiny_cnn") -> dict[str, Any]:
+    """The two runs' delivered models compiled and timed in one process, taking turns (the
+    merge's ``compare``): whether the second job delivered the same schedules, and its latency
+    over the first's without the drift of a busy machine between two merges."""
+    from sharetune.api.spec import ModelSpec
+    from sharetune_tuner import merge
+    from sharetune_tuner.model.loader import load_for_spec
+    from sharetune_tuner.targets import device_for, make_target
+
+    model = load_for_spec(ModelSpec(name=model_name, input_shape=tuple(shape)))
+    target, dev = make_target("llvm"), device_for("llvm")
+    x = model.sample_input(seed=0)
+    timers = [merge.model_timer(merge.compile_with(run / "result" / "best", model, target), model, x, dev)
+              for run in (first_run, again_run)]
+    first_s, again_s = merge.compare(timers, rounds=rounds)
+    return {"same_schedules": delivered_traces(first_run) == delivered_traces(again_run),
+            "one_process_first_ms": round(first_s * 1e3, 4), "one_process_again_ms": round(again_s * 1e3, 4),
+            "one_process_again_over_first": round(again_s / first_s, 4)}
+
+
+def remeasure_cells(total: int) -> None:
+    """``side_by_side`` for each (first, again) pair of ``scale --total`` whose runs are still here."""
+    cells = [json.loads(line) for line in CELLS.read_text().splitlines() if line.strip()]
+    by = {(c["arm"], c["seed"]): c for c in cells}
+    for (arm, seed), again in sorted(by.items()):
+        first = by.get((f"first-t{total}", seed))
+        if arm != f"again-t{total}" or first is None:
+            continue
+        runs = Path(first["run_dir"]), Path(again["run_dir"])
+        if not all((r / "result" / "best").is_dir() for r in runs):
+            print(f"seed {seed}: runs no longer here, skipped", flush=True)
+            continue
+        cell = {"arm": f"remeasure-t{total}", "seed": seed, "total": total, "date": time.strftime("%Y-%m-%d"),
+                **side_by_side(*runs, [1, 3, 64, 64])}
+        with CELLS.open("a") as f:
+            f.write(json.dumps(cell) + "\n")
+        print(json.dumps(cell), flush=True)
+
+
+def progress_bests(run_dir: Path, steps: int = 20) -> dict[str, list[float | None]]:
+    """Per workload, the fastest run time measured once each shard had measured k/``steps`` of its
+    records (k = 1..steps): the shards measure at a steady rate side by side, so a fraction of
+    their records is a fraction of the tuning time."""
+    from sharetune_tuner.store import records
+
+    out: dict[str, list[float | None]] = {}
+    for shard in sorted((run_dir / "shards").glob("shard-*")):
+        workloads = records.read_lines(shard / records.WORKLOADS)
+        lines = records.read_lines(shard / records.RECORDS)
+        for k in range(1, steps + 1):
+            best: dict[str, float] = {}
+            for idx, body in lines[:math.ceil(len(lines) * k / steps)]:
+                secs = records.mean_secs(body[1])
+                wl = str(workloads[idx][0])
+                if secs is not None:
+                    best[wl] = min(best.get(wl, math.inf), secs)
+            for wl in {str(w[0]) for w in workloads}:
+                out.setdefault(wl, []).append(best.get(wl))
+    return out
+
+
+RELATED = {"first": ("resnet18", 368, 16), "second": ("resnet50", 272, 16)}  # model, total, perTask
+RELATED_SHAPE = [1, 3, 64, 64]
+
+
+def related_cells(seeds: list[int]) -> None:
+    """(b) a related model with workloads in common: one ResNet-18 job fills the library, then
+    ResNet-50 (5 of its convolutions are ResNet-18's) is tuned cold and warm, per seed; each arm's
+    per-task best over its tuning time and both results timed in one process."""
+    tmp = Path(tempfile.mkdtemp(prefix="sharetune-library-related-"))
+    lib = tmp / "lib"
+    name, total, per_task = RELATED["first"]
+    doc = job("lib-related-first", RELATED_SHAPE, 0, {"path": str(lib), "mode": "warm"}, model=name)
+    doc["spec"]["trials"] = {"total": total, "perTask": per_task, "perIteration": 4}
+    s = run_one(doc, tmp / "first")
+    with CELLS.open("a") as f:
+        f.write(json.dumps(_cell("related-library", 0, s, model=name, library=str(lib))) + "\n")
+    name, total, per_task = RELATED["second"]
+    for seed in seeds:
+        runs = {}
+        for arm, library in (("related2-cold", None), ("related2-warm", {"path": str(lib), "mode": "warm"})):
+            doc = job(f"lib-{arm}-s{seed}", RELATED_SHAPE, seed, library, model=name)
+            doc["spec"]["trials"] = {"total": total, "perTask": per_task, "perIteration": 4}
+            s = run_one(doc, tmp / f"{arm}-s{seed}")
+            runs[arm] = tmp / f"{arm}-s{seed}" / "run"
+            summary = json.loads((runs[arm] / "result" / "summary.json").read_text())
+            cell = _cell(arm, seed, s, model=name, run_dir=str(runs[arm]), progress_bests=progress_bests(runs[arm]),
+                         tasks={t["workload_hash"]: {"weight": t["weight"], "default_us": t["default_us"]}
+                                for t in summary["tasks"]})
+            with CELLS.open("a") as f:
+                f.write(json.dumps(cell) + "\n")
+            print(json.dumps({k: cell[k] for k in ("arm", "seed", "wall_s", "latency_tuned_ms", "records")}),
+                  flush=True)
+        both = side_by_side(runs["related2-cold"], runs["related2-warm"], RELATED_SHAPE, model_name=name)
+        cell = {"arm": "related2-remeasure", "seed": seed, "date": time.strftime("%Y-%m-%d"),
+                "cold_ms": both["one_process_first_ms"], "warm_ms": both["one_process_again_ms"],
+                "warm_over_cold": both["one_process_again_over_first"]}
+        with CELLS.open("a") as f:
+            f.write(json.dumps(cell) + "\n")
+        print(json.dumps(cell), flush=True)
+
+
+def _estimate(bests: dict[str, list[float | None]], tasks: dict[str, dict[str, Any]], k: int) -> float | None:
+    """The model's latency after step k as MetaSchedule's task scheduler estimates it: each task's
+    weight x its best so far (TVM's default, as the cold arm's merge measured it, before a record);
+    None while a tuned task has neither."""
+    total = 0.0
+    for wl, t in tasks.items():
+        b = bests.get(wl, [None] * (k + 1))[k]
+        secs = b if b is not None else (t["default_us"] * 1e-6 if t.get("default_us") else None)
+        if secs is None:
+            if wl in bests:
+                return None
+            continue  # a task nobody tuned (budget 0): the same default in both arms, left out
+        total += t["weight"] * secs
+    return total
+
+
+def _related_summary(by: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
+    """(b) per seed: the estimated model latency over each arm's tuning time, the time the cold arm
+    needed to reach its final estimate (within 2%) over the time the warm arm needed to reach it,
+    and the two results' latency timed in one process."""
+    rows = []
+    for seed in sorted({s for (arm, s) in by if arm == "related2-warm" and ("related2-cold", s) in by}):
+        cold, warm = by[("related2-cold", seed)], by[("related2-warm", seed)]
+        tasks = cold["tasks"]
+        steps = len(next(iter(cold["progress_bests"].values())))
+        curves = {arm: [_estimate(c["progress_bests"], tasks, k) for k in range(steps)]
+                  for arm, c in (("cold", cold), ("warm", warm))}
+        final = curves["cold"][-1]
+        if final is None:
+            continue
+
+        def reach(curve: list[float | None]) -> int | None:
+            return next((k + 1 for k, v in enumerate(curve) if v is not None and v <= final * (1 + TTQ_TOLERANCE)),
+                        None)
+
+        rc, rw = reach(curves["cold"]), reach(curves["warm"])
+        m = by.get(("related2-remeasure", seed), {})
+        rows.append({"seed": seed, "steps": steps, "cold_tuning_s": cold["tuning_s"], "warm_tuning_s": warm["tuning_s"],
+                     "cold_reached_at_step": rc, "warm_reached_at_step": rw,
+                     "time_to_cold_final_ratio": round(rc / rw, 4) if rc and rw else None,
+                     "estimate_warm_over_cold": [round(w / c, 4) if w and c else None
+                                                 for w, c in zip(curves["warm"], curves["cold"])],
+                     "final_warm_over_cold_one_process": m.get("warm_over_cold"),
+                     "final_warm_over_cold_relative": round(cold["speedup"] / warm["speedup"], 4)})
+    if not rows:
+        return {}
+    ttq = [r["time_to_cold_final_ratio"] for r in rows if r["time_to_cold_final_ratio"]]
+    fin = [r["final_warm_over_cold_one_process"] for r in rows if r["final_warm_over_cold_one_process"]]
+    return {"related_model": {
+        "what": "ResNet-50 (64x64) cold vs warm from a library one ResNet-18 (64x64) job filled; time in "
+                "steps of 1/20 of each arm's records (the shards measure at a steady rate); the model's "
+                "latency estimated per step as sum(weight x task best)",
+        "models": RELATED, "per_seed": rows,
+        "time_to_cold_final_ratio": {"geomean": _geo(ttq), "worst": min(ttq), "goal": ">= 3.0"} if ttq else None,
+        "final_warm_over_cold_one_process": {"geomean": _geo(fin), "worst": max(fin), "goal": "<= 1.0"}
+        if fin else None}}
 
 
 def round_bests(run_dir: Path, per_round: int) -> dict[str, list[float | None]]:
@@ -381,6 +563,10 @@ def main() -> int:
     sc = sub.add_parser("scale")
     sc.add_argument("--total", type=int, default=480)
     sc.add_argument("--seeds", default="0,1")
+    rm = sub.add_parser("remeasure")
+    rm.add_argument("--total", type=int, default=480)
+    rl = sub.add_parser("related")
+    rl.add_argument("--seeds", default="0,1")
     rd = sub.add_parser("rounds")
     rd.add_argument("--seeds", default="0,1")
     sub.add_parser("summarize")
@@ -391,6 +577,10 @@ def main() -> int:
         rank_cell(a.total)
     elif a.cmd == "scale":
         scale_cells(a.total, [int(x) for x in a.seeds.split(",")])
+    elif a.cmd == "remeasure":
+        remeasure_cells(a.total)
+    elif a.cmd == "related":
+        related_cells([int(x) for x in a.seeds.split(",")])
     elif a.cmd == "rounds":
         rounds_cells([int(x) for x in a.seeds.split(",")])
     print(json.dumps(summarize(), indent=2))

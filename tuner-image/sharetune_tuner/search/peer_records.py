@@ -60,16 +60,9 @@ def new_groups(files: dict[str, bytes], seen: int) -> tuple[list[Group], int]:
     lines = records.parse_lines(files.get(records.RECORDS, b""))
     by_wl: dict[str, list[tuple[float, list[Any]]]] = {}
     irs: dict[str, str] = {}
-    for line in lines[seen:]:
-        idx, body = (line[0], line[1]) if isinstance(line, list) and len(line) == 2 else (None, None)
-        if not isinstance(idx, int) or not 0 <= idx < len(workloads) or not isinstance(body, list) or len(body) < 3:
-            continue
-        secs = records.mean_secs(body[1])
-        if secs is None:  # a failed build or run: nothing to learn from its time
-            continue
-        wl = str(workloads[idx][0])
-        irs[wl] = workloads[idx][1]
-        by_wl.setdefault(wl, []).append((secs, body))
+    for m in records.measured(workloads, lines[seen:]):
+        irs[m.workload] = m.ir
+        by_wl.setdefault(m.workload, []).append((m.secs, m.body))
     groups = [(wl, irs[wl], [b for _, b in sorted(v, key=lambda x: x[0])]) for wl, v in sorted(by_wl.items())]
     return groups, max(seen, len(lines))
 

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from sharetune.api.topology import RECORDS_FILE, WORKLOADS_FILE
 
 from ..errors import TunerError
-from .records import mean_secs, read_lines
+from .records import mean_secs, measured, read_lines
 
 VERSION = 1
 FULL_SHARE = 100
@@ -157,15 +157,10 @@ def contribution(db_dir: Path, job: str, where: Where) -> dict[str, Any]:
     target and schedule the fastest measurement), failed runs left out."""
     workloads = read_lines(db_dir / WORKLOADS_FILE)
     best: dict[tuple[str, str, str], tuple[float, list[Any]]] = {}
-    for idx, body in read_lines(db_dir / RECORDS_FILE):
-        if not isinstance(idx, int) or not 0 <= idx < len(workloads) or len(body) < 3:
-            continue
-        secs = mean_secs(body[1])
-        if secs is None:
-            continue
-        k = (str(workloads[idx][0]), target_key(body[2]), json.dumps(body[0], sort_keys=True))
-        if k not in best or secs < best[k][0]:
-            best[k] = (secs, body)
+    for m in measured(workloads, read_lines(db_dir / RECORDS_FILE)):
+        k = (m.workload, target_key(m.body[2]), json.dumps(m.body[0], sort_keys=True))
+        if k not in best or m.secs < best[k][0]:
+            best[k] = (m.secs, m.body)
     used = {k[0] for k in best}
     return {"version": VERSION, "job": job, "device": where.device, "share": where.share,
             "workloads": {str(h): ir for h, ir in workloads if str(h) in used},

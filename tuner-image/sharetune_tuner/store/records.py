@@ -122,6 +122,28 @@ def mean_secs(run_secs: Any) -> float | None:
     return None if m >= 1e9 else m  # MetaSchedule stores 1e10 for failed runs
 
 
+@dataclass(frozen=True)
+class Measured:
+    """One measured record with its workload, as a JSONDatabase's two files hold them."""
+    workload: str  # the workload's structural hash
+    ir: Any  # the workload's IRModule (TVM's JSON)
+    body: list[Any]  # [trace, run_secs, target, args_info]
+    secs: float  # mean run time
+
+
+def measured(workloads: list[Any], lines: list[Any]) -> Iterator[Measured]:
+    """The measured records among a database's record ``lines``: lines that name no workload of
+    ``workloads`` (a torn or foreign line) and failed builds or runs (nothing to learn from their
+    time, nothing to deliver) are left out."""
+    for line in lines:
+        idx, body = (line[0], line[1]) if isinstance(line, list) and len(line) == 2 else (None, None)
+        if not isinstance(idx, int) or not 0 <= idx < len(workloads) or not isinstance(body, list) or len(body) < 3:
+            continue
+        secs = mean_secs(body[1])
+        if secs is not None:
+            yield Measured(str(workloads[idx][0]), workloads[idx][1], body, secs)
+
+
 def stats(db_dir: Path) -> RecordStats:
     """Reads a database directory without TVM (cheap enough to poll for progress)."""
     workloads, _ = _complete_lines(db_dir / WORKLOADS)
