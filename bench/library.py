@@ -204,7 +204,7 @@ def summarize() -> dict[str, Any]:
     }
     result.update({**_scale_summary(by), **_rounds_summary(by), **_related_summary(by)})
     OUT.write_text(json.dumps(result, indent=2) + "\n")
-    plot(per_seed)
+    plot(per_seed, result.get("related_model"))
     return result
 
 
@@ -271,15 +271,24 @@ def _rounds_summary(by: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]
             "tasks": len(speedups), "warm_never_reached": never, "goal": ">= 3.0"}}}
 
 
-def plot(per_seed: list[dict[str, Any]]) -> None:
-    """docs/library.png: per seed, the first job's and the second's wall time, and the cost
-    model's rank correlation cold vs warm."""
+def plot(per_seed: list[dict[str, Any]], related: dict[str, Any] | None = None) -> None:
+    """docs/library.png: per seed, the first job's and the second's wall time, the cost model's
+    rank correlation cold vs warm, and (b)'s estimated model latency warm over cold over time."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 3.4))
+    for r in (related or {}).get("per_seed", []):
+        ys = r["estimate_warm_over_cold"]
+        c.plot([(k + 1) / len(ys) for k in range(len(ys))], ys, marker=".", label=f"seed {r['seed']}")
+    c.axhline(1, color="black", linewidth=0.5)
+    c.set_xlabel("fraction of each arm's trials")
+    c.set_ylabel("ResNet-50 latency, warm / cold")
+    c.set_title("after a ResNet-18 job (est.)", fontsize=9)
+    if related:
+        c.legend(fontsize=8)
     seeds = [r["seed"] for r in per_seed]
     x = range(len(seeds))
     a.bar([i - 0.2 for i in x], [r["first_wall_s"] for r in per_seed], 0.4, label="first job (empty library)")
@@ -295,7 +304,8 @@ def plot(per_seed: list[dict[str, Any]]) -> None:
     b.set_xticks(list(range(len(ranked))), [f"seed {r['seed']}" for r in ranked])
     b.set_ylabel("Spearman rho, held-out records")
     b.legend(fontsize=8)
-    fig.suptitle("Tuning library, tiny_cnn on the CPU (llvm)", fontsize=10)
+    fig.suptitle("Tuning library on the CPU (llvm): tiny_cnn (left, middle), ResNet-50 after ResNet-18 (right)",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(PLOT, dpi=110)
 
@@ -427,8 +437,10 @@ def related_cells(seeds: list[int]) -> None:
     doc = job("lib-related-first", RELATED_SHAPE, 0, {"path": str(lib), "mode": "warm"}, model=name)
     doc["spec"]["trials"] = {"total": total, "perTask": per_task, "perIteration": 4}
     s = run_one(doc, tmp / "first")
+    tuned = json.loads((tmp / "first" / "run" / "result" / "summary.json").read_text())["tasks"]
     with CELLS.open("a") as f:
-        f.write(json.dumps(_cell("related-library", 0, s, model=name, library=str(lib))) + "\n")
+        f.write(json.dumps(_cell("related-library", 0, s, model=name, library=str(lib),
+                                 workloads=[t["workload_hash"] for t in tuned if t["trials"]])) + "\n")
     name, total, per_task = RELATED["second"]
     for seed in seeds:
         runs = {}
@@ -490,10 +502,20 @@ def _related_summary(by: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any
                         None)
 
         rc, rw = reach(curves["cold"]), reach(curves["warm"])
+        # in seconds: the warm arm's shards also train on the library's records, so its steps are longer
+        sc = rc * cold["tuning_s"] / steps if rc else None
+        sw = rw * warm["tuning_s"] / steps if rw else None
         m = by.get(("related2-remeasure", seed), {})
+        shared = set(by.get(("related-library", 0), {}).get("workloads", []))
+        finals = {wl: t["weight"] * b[-1] for wl, t in tasks.items()
+                  if (b := cold["progress_bests"].get(wl)) and b[-1] is not None}
         rows.append({"seed": seed, "steps": steps, "cold_tuning_s": cold["tuning_s"], "warm_tuning_s": warm["tuning_s"],
                      "cold_reached_at_step": rc, "warm_reached_at_step": rw,
-                     "time_to_cold_final_ratio": round(rc / rw, 4) if rc and rw else None,
+                     "cold_reached_s": round(sc, 1) if sc else None, "warm_reached_s": round(sw, 1) if sw else None,
+                     "time_to_cold_final_ratio": round(sc / sw, 4) if sc and sw else None,
+                     "shared_workloads": len(shared & set(finals)),
+                     "shared_share_of_cold_final": round(sum(v for wl, v in finals.items() if wl in shared)
+                                                         / sum(finals.values()), 4) if shared and finals else None,
                      "estimate_warm_over_cold": [round(w / c, 4) if w and c else None
                                                  for w, c in zip(curves["warm"], curves["cold"])],
                      "final_warm_over_cold_one_process": m.get("warm_over_cold"),
@@ -504,8 +526,9 @@ def _related_summary(by: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any
     fin = [r["final_warm_over_cold_one_process"] for r in rows if r["final_warm_over_cold_one_process"]]
     return {"related_model": {
         "what": "ResNet-50 (64x64) cold vs warm from a library one ResNet-18 (64x64) job filled; time in "
-                "steps of 1/20 of each arm's records (the shards measure at a steady rate); the model's "
-                "latency estimated per step as sum(weight x task best)",
+                "steps of 1/20 of each arm's records (the shards measure at a steady rate), in seconds "
+                "the step times the arm's tuning time; the model's latency estimated per step as "
+                "sum(weight x task best); time_to_cold_final_ratio in seconds",
         "models": RELATED, "per_seed": rows,
         "time_to_cold_final_ratio": {"geomean": _geo(ttq), "worst": min(ttq), "goal": ">= 3.0"} if ttq else None,
         "final_warm_over_cold_one_process": {"geomean": _geo(fin), "worst": max(fin), "goal": "<= 1.0"}
