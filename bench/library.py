@@ -48,6 +48,16 @@ OUT = RESULTS / "library.json"
 PLOT = ROOT / "docs" / "library.png"
 TRIALS = {"total": 48, "perTask": 12, "perIteration": 4}
 TTQ_TOLERANCE = 0.02  # "reached" a latency: within 2% of it, as bench/h200/real_budget.py
+SCALE_SHAPE = [1, 3, 64, 64]  # tiny_cnn's input in ``scale`` and ``remeasure``
+
+
+def load_cells() -> list[dict[str, Any]]:
+    return [json.loads(line) for line in CELLS.read_text().splitlines() if line.strip()]
+
+
+def append_cell(cell: dict[str, Any]) -> None:
+    with CELLS.open("a") as f:
+        f.write(json.dumps(cell) + "\n")
 
 
 def job(name: str, shape: list[int], seed: int, library: dict[str, Any] | None,
@@ -98,8 +108,7 @@ def run(seeds: list[int]) -> None:
         for arm, shape, library in arms:
             s = run_one(job(f"lib-{arm}-s{seed}", shape, seed, library), tmp / f"{arm}-s{seed}")
             cell = _cell(arm, seed, s, run_dir=str(tmp / f"{arm}-s{seed}" / "run"), library=str(lib))
-            with CELLS.open("a") as f:
-                f.write(json.dumps(cell) + "\n")
+            append_cell(cell)
             print(json.dumps({k: cell[k] for k in ("arm", "seed", "wall_s", "latency_tuned_ms", "records")}),
                   flush=True)
 
@@ -164,7 +173,7 @@ def _geo(xs: list[float]) -> float:
 
 
 def summarize() -> dict[str, Any]:
-    cells = [json.loads(line) for line in CELLS.read_text().splitlines() if line.strip()]
+    cells = load_cells()
     by = {(c["arm"], c["seed"]): c for c in cells}  # the latest cell of each (arm, seed)
     seeds = sorted({c["seed"] for c in cells if (("first", c["seed"]) in by and ("again", c["seed"]) in by)})
     per_seed = []
@@ -313,22 +322,20 @@ def plot(per_seed: list[dict[str, Any]], related: dict[str, Any] | None = None) 
 def rank_cell(total: int) -> None:
     """A library filled by one first job of ``total`` trials (seed 0), then the rank quality on
     each related-cold arm's records that ``run`` left."""
-    cells = [json.loads(line) for line in CELLS.read_text().splitlines() if line.strip()]
+    cells = load_cells()
     held = {c["seed"]: Path(c["run_dir"]) / "result" / "records" for c in cells if c["arm"] == "related-cold"}
     tmp = Path(tempfile.mkdtemp(prefix="sharetune-library-rank-"))
     lib = tmp / "lib"
     doc = job("lib-rank-first", [1, 3, 64, 64], 0, {"path": str(lib), "mode": "warm"})
     doc["spec"]["trials"] = {"total": total, "perTask": total // 4, "perIteration": 4}
     s = run_one(doc, tmp / "first")
-    with CELLS.open("a") as f:
-        f.write(json.dumps({"arm": "rank-library", "seed": 0, "library": str(lib), "library_trials": total}) + "\n")
+    append_cell({"arm": "rank-library", "seed": 0, "library": str(lib), "library_trials": total})
     for seed, records in sorted(held.items()):
         if not records.is_dir():
             continue
         rank = rank_quality(lib, records, seed)
-        with CELLS.open("a") as f:
-            f.write(json.dumps({"arm": "rank", "seed": seed, "library_trials": total, "library_job_wall_s": s["wall_s"],
-                                **rank}) + "\n")
+        append_cell({"arm": "rank", "seed": seed, "library_trials": total, "library_job_wall_s": s["wall_s"],
+                     **rank})
         print(json.dumps(rank), flush=True)
 
 
@@ -340,12 +347,11 @@ def scale_cells(total: int, seeds: list[int]) -> None:
     for seed in seeds:
         lib = tmp / f"lib-s{seed}"
         for arm, mode in (("first", "warm"), ("again", "reuse")):
-            doc = job(f"lib-{arm}-t{total}-s{seed}", [1, 3, 64, 64], seed, {"path": str(lib), "mode": mode})
+            doc = job(f"lib-{arm}-t{total}-s{seed}", SCALE_SHAPE, seed, {"path": str(lib), "mode": mode})
             doc["spec"]["trials"] = {"total": total, "perTask": total // 4, "perIteration": 8}
             s = run_one(doc, tmp / f"{arm}-t{total}-s{seed}")
             cell = _cell(f"{arm}-t{total}", seed, s, run_dir=str(tmp / f"{arm}-t{total}-s{seed}" / "run"), total=total)
-            with CELLS.open("a") as f:
-                f.write(json.dumps(cell) + "\n")
+            append_cell(cell)
             print(json.dumps({k: cell[k] for k in ("arm", "seed", "wall_s", "latency_tuned_ms", "records")}),
                   flush=True)
     remeasure_cells(total)
@@ -356,9 +362,8 @@ def delivered_traces(run_dir: Path) -> dict[str, str]:
     from sharetune_tuner.store import records
 
     best = run_dir / "result" / "best"
-    workloads = records.read_lines(best / records.WORKLOADS)
-    return {str(workloads[idx][0]): json.dumps(body[0], sort_keys=True)
-            for idx, body in records.read_lines(best / records.RECORDS)}
+    workloads, lines = records.read_lines(best / records.WORKLOADS), records.read_lines(best / records.RECORDS)
+    return {m.workload: json.dumps(m.body[0], sort_keys=True) for m in records.measured(workloads, lines)}
 
 
 def side_by_side(first_run: Path, again_run: Path, shape: list[int], rounds: int = 10,
@@ -384,7 +389,7 @@ def side_by_side(first_run: Path, again_run: Path, shape: list[int], rounds: int
 
 def remeasure_cells(total: int) -> None:
     """``side_by_side`` for each (first, again) pair of ``scale --total`` whose runs are still here."""
-    cells = [json.loads(line) for line in CELLS.read_text().splitlines() if line.strip()]
+    cells = load_cells()
     by = {(c["arm"], c["seed"]): c for c in cells}
     for (arm, seed), again in sorted(by.items()):
         first = by.get((f"first-t{total}", seed))
@@ -395,9 +400,8 @@ def remeasure_cells(total: int) -> None:
             print(f"seed {seed}: runs no longer here, skipped", flush=True)
             continue
         cell = {"arm": f"remeasure-t{total}", "seed": seed, "total": total, "date": time.strftime("%Y-%m-%d"),
-                **side_by_side(*runs, [1, 3, 64, 64])}
-        with CELLS.open("a") as f:
-            f.write(json.dumps(cell) + "\n")
+                **side_by_side(*runs, SCALE_SHAPE)}
+        append_cell(cell)
         print(json.dumps(cell), flush=True)
 
 
@@ -411,13 +415,13 @@ def progress_bests(run_dir: Path, steps: int = 20) -> dict[str, list[float | Non
     for shard in sorted((run_dir / "shards").glob("shard-*")):
         workloads = records.read_lines(shard / records.WORKLOADS)
         lines = records.read_lines(shard / records.RECORDS)
+        best: dict[str, float] = {}
+        done = 0
         for k in range(1, steps + 1):
-            best: dict[str, float] = {}
-            for idx, body in lines[:math.ceil(len(lines) * k / steps)]:
-                secs = records.mean_secs(body[1])
-                wl = str(workloads[idx][0])
-                if secs is not None:
-                    best[wl] = min(best.get(wl, math.inf), secs)
+            cut = math.ceil(len(lines) * k / steps)
+            for m in records.measured(workloads, lines[done:cut]):
+                best[m.workload] = min(best.get(m.workload, math.inf), m.secs)
+            done = cut
             for wl in {str(w[0]) for w in workloads}:
                 out.setdefault(wl, []).append(best.get(wl))
     return out
@@ -438,9 +442,8 @@ def related_cells(seeds: list[int]) -> None:
     doc["spec"]["trials"] = {"total": total, "perTask": per_task, "perIteration": 4}
     s = run_one(doc, tmp / "first")
     tuned = json.loads((tmp / "first" / "run" / "result" / "summary.json").read_text())["tasks"]
-    with CELLS.open("a") as f:
-        f.write(json.dumps(_cell("related-library", 0, s, model=name, library=str(lib),
-                                 workloads=[t["workload_hash"] for t in tuned if t["trials"]])) + "\n")
+    append_cell(_cell("related-library", 0, s, model=name, library=str(lib),
+                      workloads=[t["workload_hash"] for t in tuned if t["trials"]]))
     name, total, per_task = RELATED["second"]
     for seed in seeds:
         runs = {}
@@ -453,16 +456,14 @@ def related_cells(seeds: list[int]) -> None:
             cell = _cell(arm, seed, s, model=name, run_dir=str(runs[arm]), progress_bests=progress_bests(runs[arm]),
                          tasks={t["workload_hash"]: {"weight": t["weight"], "default_us": t["default_us"]}
                                 for t in summary["tasks"]})
-            with CELLS.open("a") as f:
-                f.write(json.dumps(cell) + "\n")
+            append_cell(cell)
             print(json.dumps({k: cell[k] for k in ("arm", "seed", "wall_s", "latency_tuned_ms", "records")}),
                   flush=True)
         both = side_by_side(runs["related2-cold"], runs["related2-warm"], RELATED_SHAPE, model_name=name)
         cell = {"arm": "related2-remeasure", "seed": seed, "date": time.strftime("%Y-%m-%d"),
                 "cold_ms": both["one_process_first_ms"], "warm_ms": both["one_process_again_ms"],
                 "warm_over_cold": both["one_process_again_over_first"]}
-        with CELLS.open("a") as f:
-            f.write(json.dumps(cell) + "\n")
+        append_cell(cell)
         print(json.dumps(cell), flush=True)
 
 
@@ -560,7 +561,7 @@ def rounds_cells(seeds: list[int]) -> None:
     """(c) the related model (tiny_cnn 96x96) tuned cold and warm, warm from the library the rank
     cell filled (192 records of tiny_cnn 64x64: past XGB's 100-record warm-up); per task the best
     latency after each round, warm over cold."""
-    cells = [json.loads(line) for line in CELLS.read_text().splitlines() if line.strip()]
+    cells = load_cells()
     libs = [c for c in cells if c["arm"] == "rank-library"]
     if not libs or not Path(libs[-1]["library"]).is_dir():
         raise SystemExit("no rank library here: run `bench/library.py rank` first")
@@ -571,8 +572,7 @@ def rounds_cells(seeds: list[int]) -> None:
             s = run_one(job(f"lib-{arm}-s{seed}", [1, 3, 96, 96], seed, library), tmp / f"{arm}-s{seed}")
             bests = round_bests(tmp / f"{arm}-s{seed}" / "run", TRIALS["perIteration"])
             cell = _cell(arm, seed, s, run_dir=str(tmp / f"{arm}-s{seed}" / "run"), round_bests=bests)
-            with CELLS.open("a") as f:
-                f.write(json.dumps(cell) + "\n")
+            append_cell(cell)
             print(json.dumps({k: cell[k] for k in ("arm", "seed", "wall_s", "latency_tuned_ms")}), flush=True)
 
 

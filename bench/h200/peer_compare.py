@@ -23,11 +23,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from real_budget import late_trials_per_s
+from real_budget import late_trials_per_s, time_to_reach
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 ARMS, EVAL, OUT = RESULTS / "gpu-peers-arms.jsonl", RESULTS / "gpu-peers-eval.jsonl", RESULTS / "gpu-peer-records.json"
-TOLERANCE = 0.02  # "reached" a latency: within 2% (real_budget.py's TTQ_TOLERANCE)
 
 
 def _lines(p: Path) -> list[dict[str, Any]]:
@@ -35,7 +34,8 @@ def _lines(p: Path) -> list[dict[str, Any]]:
 
 
 def _first_reach(curve: list[dict[str, Any]], ms: float) -> float | None:
-    return next((float(p["t"]) for p in curve if p.get("median_ms") and p["median_ms"] <= ms * (1 + TOLERANCE)), None)
+    """The first checkpoint (not t = 0) at which an evaluated curve reached ``ms``."""
+    return time_to_reach([(float(p["t"]), float(p["median_ms"])) for p in curve if p.get("median_ms")], ms)
 
 
 def _geo(xs: list[float]) -> float:
