@@ -10,8 +10,17 @@ from pathlib import Path
 import numpy as np
 import tvm
 from tvm import te
+from tvm.s_tir import meta_schedule as ms
 
-from sharetune_tuner.tvm_private import RPCRunnerClass, RPCRunnerFuture, build_candidate, serialize_params
+from sharetune_tuner.tvm_private import (
+    RPCRunnerClass,
+    RPCRunnerFuture,
+    build_candidate,
+    held_training,
+    serialize_params,
+)
+
+from .test_records import TARGET, workload
 
 
 def _add_one() -> tvm.IRModule:
@@ -54,3 +63,42 @@ def test_the_rpc_runner_class_is_subclassable_with_its_config() -> None:
     names = list(inspect.signature(RPCRunnerClass.__init__).parameters)
     assert names[:4] == ["self", "rpc_config", "evaluator_config", "cooldown_sec"]
     assert hasattr(RPCRunnerClass, "run")
+
+
+def _matmul_records(n: int, splits: list[int]) -> tuple[ms.TuneContext, list[ms.MeasureCandidate], list]:
+    mod = workload(n)
+    cands, results = [], []
+    for k, f in enumerate(splits):
+        sch = tvm.s_tir.Schedule(mod)
+        i, _, _ = sch.get_loops(sch.get_sblock("C"))
+        sch.split(i, factors=[None, f])
+        cands.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
+        results.append(ms.runner.RunnerResult(run_secs=[1e-6 * (k + 1)], error_msg=None))
+    return ms.TuneContext(mod=mod, target=TARGET, task_name=f"mm{n}"), cands, results
+
+
+def test_held_training_trains_once_on_every_group_and_stock_retrains_per_group() -> None:
+    groups = [_matmul_records(n, [1, 2, 4, 8]) for n in (16, 32, 64)]
+    trainings: dict[str, int] = {}
+    for arm in ("stock", "held"):
+        model = ms.CostModel.create("xgb", num_tuning_cores=1)
+        train = model._train
+
+        def counted(*args, arm=arm, train=train, **kwargs):  # a spy on XGBModel's private retrain
+            trainings[arm] = trainings.get(arm, 0) + 1
+            return train(*args, **kwargs)
+
+        model._train = counted
+        if arm == "stock":
+            for g in groups:
+                model.update(*g)
+        else:
+            with held_training(model) as release:
+                for k, g in enumerate(groups):
+                    if k == len(groups) - 1:
+                        release()
+                    model.update(*g)
+        assert model.data_size == 12 and model.booster is not None
+        assert model.last_train_size == 12 and model.adaptive_training
+    # stock: 4, 8 (>= 4 + 4/5), 12 (>= 8 + 8/5) records: three trainings; held: one
+    assert trainings == {"stock": 3, "held": 1}

@@ -12,9 +12,17 @@ moves or changes one fails there, not in a tuning run.
 - ``RPCRunnerFuture``: RPCRunner's future of one measurement (a ``concurrent.futures.Future``
   and a timeout), returned by our session runner so MetaSchedule's task scheduler polls it as it
   polls stock's.
+- ``held_training``: XGBModel's ``adaptive_training`` and ``last_train_size``, the threshold its
+  ``update`` retrains at (data grown by a fifth since the last training). Learning records measured
+  elsewhere (warm_start.learn) hands ``update`` one workload at a time; held, the model trains once,
+  on all of them, at the last.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params as serialize_params
 from tvm.s_tir.meta_schedule.builder.local_builder import _worker_func as build_candidate
@@ -23,4 +31,33 @@ from tvm.s_tir.meta_schedule.runner.rpc_runner import RPCRunnerFuture
 
 RPCRunnerClass: type = RPCRunner._cls  # type: ignore[attr-defined]  # set by derived_object (TVM, untyped)
 
-__all__ = ["RPCRunnerClass", "RPCRunnerFuture", "build_candidate", "serialize_params"]
+# No update reaches a threshold this large (last_train_size / 5 more records than it).
+_NEVER = 1 << 60
+
+
+@contextmanager
+def held_training(cost_model: Any) -> Iterator[Any]:
+    """While held, ``cost_model.update`` adds records without retraining; the context yields a
+    ``release()`` to call before the last update, which then trains (or not) exactly as stock would
+    on all the records added since the last training. A model without the threshold (the random
+    model) is left as it is."""
+    if not hasattr(cost_model, "last_train_size") or not hasattr(cost_model, "adaptive_training"):
+        yield lambda: None
+        return
+    before = (cost_model.adaptive_training, cost_model.last_train_size)
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            cost_model.adaptive_training, cost_model.last_train_size = before
+            released = True
+
+    cost_model.adaptive_training, cost_model.last_train_size = True, _NEVER
+    try:
+        yield release
+    finally:
+        release()
+
+
+__all__ = ["RPCRunnerClass", "RPCRunnerFuture", "build_candidate", "held_training", "serialize_params"]
