@@ -27,7 +27,7 @@ PLURAL = "tuningjobs"  # the CRD's resource name (crds/tuningjobs.sharetune.io.y
 TARGETS = ("llvm", "cuda")
 COST_MODELS = ("xgb", "random")
 # The tuner image's built-in models (sharetune_tuner.model.zoo.ZOO; tests/tuner pins that they agree).
-BUILTIN_MODELS = ("resnet18", "resnet50", "mobilenet_v2", "transformer_encoder", "tiny_cnn")
+BUILTIN_MODELS = ("resnet18", "resnet34", "resnet50", "mobilenet_v2", "transformer_encoder", "tiny_cnn")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 # How a cuda job's servers get their GPU (docs/gpu-pools.md): a share of a GPU under the operator's
 # per-GPU MPS daemon ("pool"), whole GPUs with a daemon of the job's own ("exclusive"), or replicas

@@ -115,6 +115,10 @@ def resnet18(shape: list[int]) -> onnx.ModelProto:
     return _resnet("resnet18", shape, [2, 2, 2, 2], bottleneck=False)
 
 
+def resnet34(shape: list[int]) -> onnx.ModelProto:
+    return _resnet("resnet34", shape, [3, 4, 6, 3], bottleneck=False)
+
+
 def resnet50(shape: list[int]) -> onnx.ModelProto:
     return _resnet("resnet50", shape, [3, 4, 6, 3], bottleneck=True)
 
@@ -184,6 +188,7 @@ class ZooEntry:
 
 ZOO: dict[str, ZooEntry] = {
     "resnet18": ZooEntry(resnet18, (1, 3, 224, 224)),
+    "resnet34": ZooEntry(resnet34, (1, 3, 224, 224)),
     "resnet50": ZooEntry(resnet50, (1, 3, 224, 224)),
     "mobilenet_v2": ZooEntry(mobilenet_v2, (1, 3, 224, 224)),
     "transformer_encoder": ZooEntry(transformer_encoder, (1, 64, 128)),
