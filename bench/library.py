@@ -15,14 +15,17 @@ model untrained (cold) vs trained on a library (warm).
     .venv/bin/python bench/library.py rank --total 192       # the rank cell with a larger library (~10 min)
     .venv/bin/python bench/library.py scale --total 480      # (a) at a 10x budget, seeds 0,1 (~35 min)
     .venv/bin/python bench/library.py remeasure --total 480  # (a) both jobs' results timed in one process
-    .venv/bin/python bench/library.py related                # (b) ResNet-50 after ResNet-18, cold vs warm (~30 min)
+    .venv/bin/python bench/library.py related [--model resnet50|resnet34]
+                                # (b) a model after ResNet-18, cold vs warm vs reuse (~40 min)
     .venv/bin/python bench/library.py rounds                 # (c) best latency per round, cold vs warm (~10 min)
     .venv/bin/python bench/library.py summarize              # bench/results/library.json
 
 MetaSchedule's XGB model answers random scores until it holds 100 records (num_warmup_samples),
 so a library of fewer records of the job's target and device leaves its cost model cold: ``rank``
 fills a library from one larger first job (``--total``) and measures the held-out records of the
-related-cold arms of ``run``.
+related-cold arms of ``run``. Every library arm starts from its own copy of the library it is
+given: a job's merge adds its records to its library, so a second seed on the same one would start
+from the first seed's records of its own model.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -289,12 +293,14 @@ def plot(per_seed: list[dict[str, Any]], related: dict[str, Any] | None = None) 
     import matplotlib.pyplot as plt
 
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 3.4))
-    for r in (related or {}).get("per_seed", []):
-        ys = r["estimate_warm_over_cold"]
-        c.plot([(k + 1) / len(ys) for k in range(len(ys))], ys, marker=".", label=f"seed {r['seed']}")
+    for mode, style in (("warm", "--"), ("reuse", "-")):
+        for r in (related or {}).get("resnet50", {}).get(mode, {}).get("per_seed", []):
+            ys = r["estimate_warm_over_cold"]
+            c.plot([(k + 1) / len(ys) for k in range(len(ys))], ys, style, marker=".",
+                   label=f"{mode}, seed {r['seed']}")
     c.axhline(1, color="black", linewidth=0.5)
     c.set_xlabel("fraction of each arm's trials")
-    c.set_ylabel("ResNet-50 latency, warm / cold")
+    c.set_ylabel("ResNet-50 latency, library / cold")
     c.set_title("after a ResNet-18 job (est.)", fontsize=9)
     if related:
         c.legend(fontsize=8)
@@ -427,27 +433,37 @@ def progress_bests(run_dir: Path, steps: int = 20) -> dict[str, list[float | Non
     return out
 
 
-RELATED = {"first": ("resnet18", 368, 16), "second": ("resnet50", 272, 16)}  # model, total, perTask
+# The library's job, then the related models tuned after it: model -> (total trials, perTask).
+RELATED_FIRST = ("resnet18", 368, 16)
+RELATED = {"resnet50": (272, 16),  # 5 of its 34 workloads are ResNet-18's
+           "resnet34": (368, 16)}  # all 23 of its workloads are ResNet-18's (more blocks of each)
 RELATED_SHAPE = [1, 3, 64, 64]
 
 
-def related_cells(seeds: list[int]) -> None:
+def _rel(second: str, what: str) -> str:
+    return f"rel-{second}-{what}"
+
+
+def related_cells(seeds: list[int], second: str) -> None:
     """(b) a related model with workloads in common: one ResNet-18 job fills the library, then
-    ResNet-50 (5 of its convolutions are ResNet-18's) is tuned cold and warm, per seed; each arm's
-    per-task best over its tuning time and both results timed in one process."""
+    ``second`` is tuned cold, warm and with reuse, each library arm from its own copy of the
+    library, per seed; each arm's per-task best over its tuning time and the results timed in one
+    process against the cold one."""
     tmp = Path(tempfile.mkdtemp(prefix="sharetune-library-related-"))
     lib = tmp / "lib"
-    name, total, per_task = RELATED["first"]
+    name, total, per_task = RELATED_FIRST
     doc = job("lib-related-first", RELATED_SHAPE, 0, {"path": str(lib), "mode": "warm"}, model=name)
     doc["spec"]["trials"] = {"total": total, "perTask": per_task, "perIteration": 4}
     s = run_one(doc, tmp / "first")
     tuned = json.loads((tmp / "first" / "run" / "result" / "summary.json").read_text())["tasks"]
-    append_cell(_cell("related-library", 0, s, model=name, library=str(lib),
+    append_cell(_cell(_rel(second, "library"), 0, s, model=name, library=str(lib),
                       workloads=[t["workload_hash"] for t in tuned if t["trials"]]))
-    name, total, per_task = RELATED["second"]
+    name = second
+    total, per_task = RELATED[second]
     for seed in seeds:
         runs = {}
-        for arm, library in (("related2-cold", None), ("related2-warm", {"path": str(lib), "mode": "warm"})):
+        for arm, mode in ((_rel(name, "cold"), None), (_rel(name, "warm"), "warm"), (_rel(name, "reuse"), "reuse")):
+            library = {"path": library_copy(lib, tmp / f"lib-{arm}-s{seed}"), "mode": mode} if mode else None
             doc = job(f"lib-{arm}-s{seed}", RELATED_SHAPE, seed, library, model=name)
             doc["spec"]["trials"] = {"total": total, "perTask": per_task, "perIteration": 4}
             s = run_one(doc, tmp / f"{arm}-s{seed}")
@@ -455,16 +471,18 @@ def related_cells(seeds: list[int]) -> None:
             summary = json.loads((runs[arm] / "result" / "summary.json").read_text())
             cell = _cell(arm, seed, s, model=name, run_dir=str(runs[arm]), progress_bests=progress_bests(runs[arm]),
                          tasks={t["workload_hash"]: {"weight": t["weight"], "default_us": t["default_us"]}
-                                for t in summary["tasks"]})
+                                for t in summary["tasks"]},
+                         library_bests=library_bests(lib) if mode else {})
             append_cell(cell)
             print(json.dumps({k: cell[k] for k in ("arm", "seed", "wall_s", "latency_tuned_ms", "records")}),
                   flush=True)
-        both = side_by_side(runs["related2-cold"], runs["related2-warm"], RELATED_SHAPE, model_name=name)
-        cell = {"arm": "related2-remeasure", "seed": seed, "date": time.strftime("%Y-%m-%d"),
-                "cold_ms": both["one_process_first_ms"], "warm_ms": both["one_process_again_ms"],
-                "warm_over_cold": both["one_process_again_over_first"]}
-        append_cell(cell)
-        print(json.dumps(cell), flush=True)
+        for arm in (_rel(name, "warm"), _rel(name, "reuse")):
+            both = side_by_side(runs[_rel(name, "cold")], runs[arm], RELATED_SHAPE, model_name=name)
+            cell = {"arm": f"{arm}-remeasure", "seed": seed, "date": time.strftime("%Y-%m-%d"),
+                    "cold_ms": both["one_process_first_ms"], "warm_ms": both["one_process_again_ms"],
+                    "warm_over_cold": both["one_process_again_over_first"]}
+            append_cell(cell)
+            print(json.dumps(cell), flush=True)
 
 
 def _estimate(bests: dict[str, list[float | None]], tasks: dict[str, dict[str, Any]], k: int) -> float | None:
@@ -483,17 +501,32 @@ def _estimate(bests: dict[str, list[float | None]], tasks: dict[str, dict[str, A
     return total
 
 
-def _related_summary(by: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
-    """(b) per seed: the estimated model latency over each arm's tuning time, the time the cold arm
-    needed to reach its final estimate (within 2%) over the time the warm arm needed to reach it,
-    and the two results' latency timed in one process."""
+def _with_library(cell: dict[str, Any], steps: int) -> dict[str, list[float | None]]:
+    """The arm's per-task bests per step as its merge would deliver them: the library's best of a
+    workload (re-measured by the merge) where the arm had measured nothing faster, from step 0 (a
+    reused task measures nothing at all)."""
+    bests = {wl: list(v) for wl, v in cell["progress_bests"].items()}
+    for wl, secs in cell.get("library_bests", {}).items():
+        own = bests.get(wl, [None] * steps)
+        bests[wl] = [secs if b is None else min(b, secs) for b in own]
+    return bests
+
+
+RELATED_WARM_ARMS = ("warm", "reuse")
+
+
+def _related_rows(by: dict[tuple[str, int], dict[str, Any]], second: str, mode: str) -> list[dict[str, Any]]:
+    """(b) per seed: the estimated model latency over the cold and the ``mode`` arm's tuning time,
+    the time the cold arm needed to reach its final estimate (within 2%) over the time the library
+    arm needed to reach it, and the two results' latency timed in one process."""
     rows = []
-    for seed in sorted({s for (arm, s) in by if arm == "related2-warm" and ("related2-cold", s) in by}):
-        cold, warm = by[("related2-cold", seed)], by[("related2-warm", seed)]
+    shared = set(by.get((_rel(second, "library"), 0), {}).get("workloads", []))
+    for seed in sorted(s for (arm, s) in by if arm == _rel(second, mode) and (_rel(second, "cold"), s) in by):
+        cold, warm = by[(_rel(second, "cold"), seed)], by[(_rel(second, mode), seed)]
         tasks = cold["tasks"]
         steps = len(next(iter(cold["progress_bests"].values())))
-        curves = {arm: [_estimate(c["progress_bests"], tasks, k) for k in range(steps)]
-                  for arm, c in (("cold", cold), ("warm", warm))}
+        curves = {name: [_estimate(bests, tasks, k) for k in range(steps)]
+                  for name, bests in (("cold", cold["progress_bests"]), ("warm", _with_library(warm, steps)))}
         final = curves["cold"][-1]
         if final is None:
             continue
@@ -503,37 +536,64 @@ def _related_summary(by: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any
                         None)
 
         rc, rw = reach(curves["cold"]), reach(curves["warm"])
-        # in seconds: the warm arm's shards also train on the library's records, so its steps are longer
+        # in seconds: the warm arm's shards also train on the library's records, so its steps are
+        # longer; an arm that tuned nothing (every task reused) delivers at the end of its tuning phase
         sc = rc * cold["tuning_s"] / steps if rc else None
-        sw = rw * warm["tuning_s"] / steps if rw else None
-        m = by.get(("related2-remeasure", seed), {})
-        shared = set(by.get(("related-library", 0), {}).get("workloads", []))
+        sw = (rw * warm["tuning_s"] / steps if warm["records"] else warm["tuning_s"]) if rw else None
+        m = by.get((_rel(second, f"{mode}-remeasure"), seed), {})
         finals = {wl: t["weight"] * b[-1] for wl, t in tasks.items()
                   if (b := cold["progress_bests"].get(wl)) and b[-1] is not None}
-        rows.append({"seed": seed, "steps": steps, "cold_tuning_s": cold["tuning_s"], "warm_tuning_s": warm["tuning_s"],
-                     "cold_reached_at_step": rc, "warm_reached_at_step": rw,
-                     "cold_reached_s": round(sc, 1) if sc else None, "warm_reached_s": round(sw, 1) if sw else None,
-                     "time_to_cold_final_ratio": round(sc / sw, 4) if sc and sw else None,
-                     "shared_workloads": len(shared & set(finals)),
-                     "shared_share_of_cold_final": round(sum(v for wl, v in finals.items() if wl in shared)
-                                                         / sum(finals.values()), 4) if shared and finals else None,
-                     "estimate_warm_over_cold": [round(w / c, 4) if w and c else None
-                                                 for w, c in zip(curves["warm"], curves["cold"])],
-                     "final_warm_over_cold_one_process": m.get("warm_over_cold"),
-                     "final_warm_over_cold_relative": round(cold["speedup"] / warm["speedup"], 4)})
-    if not rows:
+        rows.append({
+            "seed": seed, "steps": steps, "cold_tuning_s": cold["tuning_s"], "warm_tuning_s": warm["tuning_s"],
+            "cold_wall_s": cold["wall_s"], "warm_wall_s": warm["wall_s"], "warm_records": warm["records"],
+            "tasks_from_library": len(warm.get("tasks_from_library", [])),
+            "cold_reached_at_step": rc, "warm_reached_at_step": rw,
+            "cold_reached_s": round(sc, 1) if sc else None, "warm_reached_s": round(sw, 1) if sw else None,
+            "time_to_cold_final_ratio": round(sc / sw, 4) if sc and sw else None,
+            # a job's result exists once its merge is done: whole jobs, start to result
+            "wall_to_result_ratio": round(cold["wall_s"] / warm["wall_s"], 4),
+            "shared_workloads": len(shared & set(finals)), "workloads": len(finals),
+            "shared_share_of_cold_final": round(sum(v for wl, v in finals.items() if wl in shared)
+                                                / sum(finals.values()), 4) if shared and finals else None,
+            "estimate_warm_over_cold": [round(w / c, 4) if w and c else None
+                                        for w, c in zip(curves["warm"], curves["cold"])],
+            "final_warm_over_cold_one_process": m.get("warm_over_cold"),
+            "final_warm_over_cold_relative": round(cold["speedup"] / warm["speedup"], 4)})
+    return rows
+
+
+def _related_summary(by: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
+    """(b) per related model and library mode: the rows of :func:`_related_rows`, their geometric
+    means and worst runs."""
+    out: dict[str, Any] = {}
+    for second in RELATED:
+        for mode in RELATED_WARM_ARMS:
+            per_seed = _related_rows(by, second, mode)
+            if not per_seed:
+                continue
+            ttq = [r["time_to_cold_final_ratio"] for r in per_seed if r["time_to_cold_final_ratio"]]
+            fin = [r["final_warm_over_cold_one_process"] for r in per_seed if r["final_warm_over_cold_one_process"]]
+            wall = [r["wall_to_result_ratio"] for r in per_seed]
+            out.setdefault(second, {})[mode] = {
+                "per_seed": per_seed,
+                "wall_to_result_ratio": {"geomean": _geo(wall), "worst": min(wall)},
+                "time_to_cold_final_ratio": {"geomean": _geo(ttq), "worst": min(ttq), "goal": ">= 3.0"}
+                if ttq else None,
+                "final_warm_over_cold_one_process": {"geomean": _geo(fin), "worst": max(fin), "goal": "<= 1.0"}
+                if fin else None}
+    if not out:
         return {}
-    ttq = [r["time_to_cold_final_ratio"] for r in rows if r["time_to_cold_final_ratio"]]
-    fin = [r["final_warm_over_cold_one_process"] for r in rows if r["final_warm_over_cold_one_process"]]
     return {"related_model": {
-        "what": "ResNet-50 (64x64) cold vs warm from a library one ResNet-18 (64x64) job filled; time in "
-                "steps of 1/20 of each arm's records (the shards measure at a steady rate), in seconds "
-                "the step times the arm's tuning time; the model's latency estimated per step as "
-                "sum(weight x task best); time_to_cold_final_ratio in seconds",
-        "models": RELATED, "per_seed": rows,
-        "time_to_cold_final_ratio": {"geomean": _geo(ttq), "worst": min(ttq), "goal": ">= 3.0"} if ttq else None,
-        "final_warm_over_cold_one_process": {"geomean": _geo(fin), "worst": max(fin), "goal": "<= 1.0"}
-        if fin else None}}
+        "what": "a model tuned cold vs with a library one ResNet-18 (64x64) job filled, each library arm from "
+                "its own copy of it (mode warm: library schedules seed each task and train the cost model; "
+                "reuse: also tasks the library holds perTask trials of are not tuned); time in steps of 1/20 "
+                "of each arm's records (the shards measure at a steady rate), in seconds the step times the "
+                "arm's tuning time (an arm that tuned nothing: its whole tuning phase); the model's latency "
+                "estimated per step as sum(weight x task best), a library arm's best including the "
+                "library's (its merge offers it); time_to_cold_final_ratio in seconds; wall_to_result_ratio: the cold "
+                "job's wall time from start to result over the library job's (where the library arm tunes little, "
+                "the step estimate says little: its records come after its start-up)",
+        "first": RELATED_FIRST, "models": RELATED, "shape": RELATED_SHAPE, **out}}
 
 
 def round_bests(run_dir: Path, per_round: int) -> dict[str, list[float | None]]:
@@ -557,6 +617,25 @@ def round_bests(run_dir: Path, per_round: int) -> dict[str, list[float | None]]:
     return out
 
 
+def library_copy(lib: Path | str, dest: Path) -> str:
+    """A copy of ``lib`` for one warm arm: each job's merge adds its records to the library it used,
+    so a second seed's warm arm on the same library would start from the first seed's records of
+    the very model it tunes."""
+    shutil.copytree(lib, dest)
+    return str(dest)
+
+
+def library_bests(lib: Path | str) -> dict[str, float]:
+    """The fastest run time per workload the library holds (any key: one machine filled it), as the
+    merge of a warm or reuse job offers it."""
+    from sharetune_tuner.store.library import entries, open_library
+
+    out: dict[str, float] = {}
+    for e in entries(open_library(str(lib)), "local")[0]:
+        out[e.key.workload] = min(out.get(e.key.workload, math.inf), e.secs)
+    return out
+
+
 def rounds_cells(seeds: list[int]) -> None:
     """(c) the related model (tiny_cnn 96x96) tuned cold and warm, warm from the library the rank
     cell filled (192 records of tiny_cnn 64x64: past XGB's 100-record warm-up); per task the best
@@ -568,7 +647,9 @@ def rounds_cells(seeds: list[int]) -> None:
     lib = libs[-1]["library"]
     tmp = Path(tempfile.mkdtemp(prefix="sharetune-library-rounds-"))
     for seed in seeds:
-        for arm, library in (("rounds-cold", None), ("rounds-warm", {"path": lib, "mode": "warm"})):
+        for arm, library in (("rounds-cold", None), ("rounds-warm", {"mode": "warm"})):
+            if library is not None:
+                library["path"] = library_copy(lib, tmp / f"lib-{arm}-s{seed}")
             s = run_one(job(f"lib-{arm}-s{seed}", [1, 3, 96, 96], seed, library), tmp / f"{arm}-s{seed}")
             bests = round_bests(tmp / f"{arm}-s{seed}" / "run", TRIALS["perIteration"])
             cell = _cell(arm, seed, s, run_dir=str(tmp / f"{arm}-s{seed}" / "run"), round_bests=bests)
@@ -590,6 +671,7 @@ def main() -> int:
     rm.add_argument("--total", type=int, default=480)
     rl = sub.add_parser("related")
     rl.add_argument("--seeds", default="0,1")
+    rl.add_argument("--model", choices=sorted(RELATED), default="resnet50", help="the model tuned after ResNet-18")
     rd = sub.add_parser("rounds")
     rd.add_argument("--seeds", default="0,1")
     sub.add_parser("summarize")
@@ -603,7 +685,7 @@ def main() -> int:
     elif a.cmd == "remeasure":
         remeasure_cells(a.total)
     elif a.cmd == "related":
-        related_cells([int(x) for x in a.seeds.split(",")])
+        related_cells([int(x) for x in a.seeds.split(",")], a.model)
     elif a.cmd == "rounds":
         rounds_cells([int(x) for x in a.seeds.split(",")])
     print(json.dumps(summarize(), indent=2))
