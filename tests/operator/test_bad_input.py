@@ -277,9 +277,9 @@ def test_a_new_users_mistakes_are_answered_by_the_api_server(k8s, crd, ns) -> No
     assert refusal(clients={"shard": 2}) == strict + 'unknown field "spec.clients.shard"'
     assert refusal(model={"name": "resnet-50"}) == (
         'TuningJob.sharetune.io "oops" is invalid: [spec.model.name: Unsupported value: "resnet-50": supported '
-        'values: "resnet18", "resnet50", "mobilenet_v2", "transformer_encoder", "tiny_cnn", <nil>: Invalid value: '
-        'null: some validation rules were not checked because the object was invalid; correct the existing errors '
-        'to complete validation]')
+        'values: "resnet18", "resnet34", "resnet50", "mobilenet_v2", "transformer_encoder", "tiny_cnn", <nil>: '
+        'Invalid value: null: some validation rules were not checked because the object was invalid; correct the '
+        'existing errors to complete validation]')
 
 
 def test_a_local_only_model_path_fails_the_job_with_the_fix(k8s, operator, ns) -> None:
