@@ -168,8 +168,8 @@ def test_local_mode_names_a_wrong_field_an_unknown_model_and_a_pvc(tmp_path: Pat
     rc, out = _local(job, tmp_path)
     assert rc == 2 and out.endswith(  # 2: a spec error (sharetune.api.exitcodes), found by the parser
         ": spec.model.name: unknown built-in model 'resnet-50'; choose one of mobilenet_v2, resnet18, "
-        "resnet50, tiny_cnn, transformer_encoder (did you mean resnet50?), or set spec.model.onnx for your own "
-        "model"), out
+        "resnet34, resnet50, tiny_cnn, transformer_encoder (did you mean resnet50?), or set spec.model.onnx for "
+        "your own model"), out
     assert not (tmp_path / "w" / "logs" / "tracker.log").exists()  # stopped before starting anything
     # A cluster-only source: the same refusal (the exact text: tests/core/test_spec.py).
     from sharetune.api.errors import ModelError
