@@ -585,7 +585,9 @@ def _related_summary(by: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any
         return {}
     return {"related_model": {
         "what": "a model tuned cold vs with a library one ResNet-18 (64x64) job filled, each library arm from "
-                "its own copy of it (mode warm: library schedules seed each task and train the cost model; "
+                "its own copy of it (mode warm: library schedules seed each task's first round, its own "
+                "workload's or, where the library has too few, other workloads' transferred, and train the "
+                "cost model; "
                 "reuse: also tasks the library holds perTask trials of are not tuned); time in steps of 1/20 "
                 "of each arm's records (the shards measure at a steady rate), in seconds the step times the "
                 "arm's tuning time (an arm that tuned nothing: its whole tuning phase); the model's latency "

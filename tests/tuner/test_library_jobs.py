@@ -75,6 +75,40 @@ def test_the_cost_model_learns_only_records_of_its_target_and_device(tmp_path: P
     assert elsewhere.same_device == [] and warm_start.pretrain(ms.CostModel.create("xgb"), TARGET, elsewhere) == 0
 
 
+def test_a_task_the_library_lacks_starts_from_other_workloads_schedules(tmp_path: Path) -> None:
+    """Transfer: matmul 64, which the library holds nothing of, gets its first batch from the
+    schedules of matmul 16 and 32 replayed on its own module, ranked by the library-trained model;
+    that batch is the library's, not the search's."""
+    from sharetune_tuner.search.capped_search import CappedSearch, Measured
+
+    found = _lookup(tmp_path, Where("cpu-a", 100))  # 16 and 32, each split by 1, 2, 4, 8
+    h = {n: str(tvm_ffi.structural_hash(workload(n))) for n in (16, 32, 64)}
+    donors = found.donors(h[64])
+    # Every workload's fastest first (the 4-split at 2e-6), then every second fastest, ...
+    assert [(e.key.workload, e.secs) for e in donors[:4]] == [
+        (min(h[16], h[32]), 2e-6), (max(h[16], h[32]), 2e-6), (min(h[16], h[32]), 3e-6), (max(h[16], h[32]), 3e-6)]
+    assert {e.key.workload for e in found.donors(h[16])} == {h[32]} and len(found.donors(h[64], limit=3)) == 3
+
+    ensure_registered()
+    cost_model = ms.CostModel.create("xgb", num_tuning_cores=1)
+    warm_start.pretrain(cost_model, TARGET, found)
+    counted: list[int] = []
+    strategy = CappedSearch(ms.search_strategy.ReplayTrace(), 8, Measured(), [], donors, 2, counted.append)
+    ctx = ms.TuneContext(mod=workload(64), target=TARGET, space_generator="post-order-apply",
+                         search_strategy=strategy, task_name="mm64", rand_state=1, num_threads=1)
+    ctx.pre_tuning(max_trials=8, num_trials_per_iter=4, design_spaces=ctx.generate_design_space(),
+                   database=ms.database.MemoryDatabase(), cost_model=cost_model)
+    batch = ctx.generate_measure_candidates()
+    assert counted == [2] and len(batch) == 2 and strategy.seed_batch
+    for c in batch:  # the library's split replayed on 64's own loop: 64 = outer x one of its factors
+        (split,) = [i for i in c.sch.trace.insts if i.kind.name == "Split"]
+        f = int(split.inputs[-1])
+        assert f in {1, 2, 4, 8} and [int(c.sch.get(lp).extent) for lp in split.outputs] == [64 // f, f]
+    assert len({tvm_ffi.structural_hash(c.sch.mod) for c in batch}) == 2
+    # The next batch is the search's own.
+    assert not strategy.transfer and strategy.generate_measure_candidates() is not None
+
+
 def test_the_merge_offers_a_faster_library_record_and_keeps_a_faster_own(tmp_path: Path) -> None:
     found = _lookup(tmp_path, Where("cpu-a", 100))  # best: 2e-6 for both workloads
     _shard(tmp_path / "job", 16, [16], [1e-6])  # the job's own record of 16 is faster

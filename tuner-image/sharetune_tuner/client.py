@@ -362,7 +362,7 @@ def _budget_progress(cfg: ClientConfig, plan: Any, progress: Progress) -> None:
         for status in metrics.TRIAL_STATUSES:
             metrics.TRIALS.labels(cfg.job, str(cfg.shard), tp.name, status).inc(0)
     metrics.SHARD_DONE.labels(cfg.job, str(cfg.shard)).set(progress.done)
-    for use in ("seed", "pretrain"):  # 0 for a job without a library: the panel reads 0, not "no data"
+    for use in ("seed", "transfer", "pretrain"):  # 0 for a job without a library: the panel reads 0, not "no data"
         metrics.LIBRARY_RECORDS.labels(cfg.job, str(cfg.shard), use).inc(0)
     metrics.LIBRARY_TASKS_REUSED.labels(cfg.job, str(cfg.shard)).set(len(progress.tasks_from_library))
     metrics.PEER_RECORDS.labels(cfg.job, str(cfg.shard)).inc(0)  # 0 for a single shard, as above
@@ -470,15 +470,24 @@ class _ShardTuning:
             log.info("candidates built: remote %d, here %d, retried %d, waited %.1f s for a builder",
                      b.remote_builds, b.local_builds, b.retried, b.waited_s)
 
-    def _seeds(self, i: int, tp: TaskProgress) -> list[Any]:
-        """A fresh task's library schedules, measured in its first round (once per process)."""
+    def _strategy(self, i: int, tp: TaskProgress, search: str, trials: int) -> Any:
+        """The task's search held to ``trials``; a fresh task's first round measures the library's
+        schedules first (once per process): its own workload's, then transferred ones to fill the
+        round (warm_start.py)."""
+        inner = search_strategy(self.cfg, search)
         if self.library is None or tp.done > 0 or self.measured[i].seeded:
-            return []
+            return CappedSearch(inner, trials, self.measured[i])
         self.measured[i].seeded = True
-        seeds = self.library.best(tp.workload_hash, min(SEEDS_PER_TASK, self.cfg.trials_per_iter))
+        slots = min(SEEDS_PER_TASK, self.cfg.trials_per_iter)
+        seeds = self.library.best(tp.workload_hash, slots)
         self.progress.library_records += len(seeds)
         metrics.LIBRARY_RECORDS.labels(self.cfg.job, str(self.cfg.shard), "seed").inc(len(seeds))
-        return seeds
+        donors = self.library.donors(tp.workload_hash) if len(seeds) < slots else []
+        return CappedSearch(inner, trials, self.measured[i], seeds, donors, slots - len(seeds), self._transferred)
+
+    def _transferred(self, n: int) -> None:
+        self.progress.library_records += n
+        metrics.LIBRARY_RECORDS.labels(self.cfg.job, str(self.cfg.shard), "transfer").inc(n)
 
     def tune(self, group: list[tuple[int, int]], search: str) -> None:
         """One ``tune_tasks`` call over ``group`` ((index in todo, trials it gets here)), each
@@ -492,7 +501,7 @@ class _ShardTuning:
         for i, trials in group:
             task, tp = self.todo[i]
             log.info("task %s: %d trials by %s search", task.info.name, trials, search)
-            strategy = CappedSearch(search_strategy(cfg, search), trials, self.measured[i], self._seeds(i, tp))
+            strategy = self._strategy(i, tp, search, trials)
             c, w = ms.relax_integration.extracted_tasks_to_tune_contexts(
                 [task.extracted], work_dir=str(cfg.work_dir / "logs"), strategy=strategy, num_threads=self.cores,
                 seed=cfg.seed * 1000 + cfg.shard * 100 + i + tp.done)

@@ -31,7 +31,8 @@ WRITE_AHEAD_SECONDS = Histogram("sharetune_write_ahead_seconds",
                                 ["tuning_job", "shard", "outcome"],
                                 buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30))
 # The tuning library (search/warm_start.py): records a shard started from (use: "seed", measured first in
-# its tasks' first rounds; "pretrain", learnt by its cost model), and tasks it did not tune again.
+# its tasks' first rounds; "transfer", other workloads' schedules measured there; "pretrain", learnt by
+# its cost model), and tasks it did not tune again.
 LIBRARY_RECORDS = Counter("sharetune_library_records", "Tuning-library records a shard started from, by use",
                           ["tuning_job", "shard", "use"])
 LIBRARY_TASKS_REUSED = Gauge("sharetune_library_tasks_reused", "Tasks not tuned again: the tuning library holds them",

@@ -22,6 +22,7 @@ again, apart from what random sampling happens to draw twice.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,16 +103,24 @@ def seed_candidates(context: Any, seeds: list[Any]) -> list[Any]:
 class CappedSearch(ms.search_strategy.PySearchStrategy):
     """``inner`` for at most ``cap`` measured candidates, none of them twice."""
 
-    def __init__(self, inner: Any, cap: int, measured: Measured | None = None, seeds: list[Any] | None = None) -> None:
+    def __init__(self, inner: Any, cap: int, measured: Measured | None = None, seeds: list[Any] | None = None,
+                 transfer: list[Any] | None = None, transfer_slots: int = 0,
+                 on_transfer: Callable[[int], None] | None = None) -> None:
         super().__init__()
         self.inner, self.cap = inner, cap
         self.measured = measured if measured is not None else Measured()
         # Library entries (warm_start.py) measured as the task's first batch, before any search;
         # that batch is not the inner strategy's, so its results are not reported to it.
         self.seeds = list(seeds or [])
+        # Other workloads' library entries: replayed on this task, the cost model's best
+        # ``transfer_slots`` join that batch (warm_start.TRANSFER_MAX); ``on_transfer`` counts them.
+        self.transfer = list(transfer or [])
+        self.transfer_slots = transfer_slots
+        self.on_transfer = on_transfer
         self.seed_batch = False
         self.proposed = 0  # candidates handed to the scheduler in this call
         self.context: Any = None
+        self.cost_model: Any = None
 
     def _initialize_with_tune_context(self, context: Any) -> None:
         self.context = context
@@ -120,6 +129,7 @@ class CappedSearch(ms.search_strategy.PySearchStrategy):
     def pre_tuning(self, max_trials: int, num_trials_per_iter: int, design_spaces: Any, database: Any = None,
                    cost_model: Any = None) -> None:
         self.proposed = 0
+        self.cost_model = cost_model
         k = database_picks(self.inner)
         if self.measured.from_database and database is not None and k > 0:
             known = best_in_database(self.context, database, k)
@@ -148,14 +158,40 @@ class CappedSearch(ms.search_strategy.PySearchStrategy):
         self.proposed += len(fresh)
         return list(fresh.values()), dupes
 
+    def _ranked(self, candidates: list[Any]) -> list[Any]:
+        """``candidates`` best first by the cost model (as they came where it cannot score them)."""
+        if self.cost_model is None or len(candidates) < 2:
+            return candidates
+        try:
+            scores = [float(x) for x in self.cost_model.predict(self.context, candidates)]
+        except Exception as err:  # features this TVM cannot extract: the library's order
+            log.debug("task %s: transferred schedules not ranked: %s", self.context.task_name, err)
+            return candidates
+        order = sorted(range(len(candidates)), key=lambda i: (-scores[i], i))
+        return [candidates[i] for i in order]
+
+    def _library_batch(self, left: int) -> list[Any]:
+        """The task's first batch from the library: its own schedules, then transferred ones."""
+        seeds, self.seeds = self.seeds, []
+        donors, self.transfer = self.transfer, []
+        own, _ = self._hand_out(seed_candidates(self.context, seeds), left)
+        moved: list[Any] = []
+        slots = min(self.transfer_slots, left - len(own))
+        if donors and slots > 0:
+            moved, _ = self._hand_out(self._ranked(seed_candidates(self.context, donors)), slots)
+            if self.on_transfer is not None:
+                self.on_transfer(len(moved))
+        if own or moved:
+            log.info("task %s: first measures %d schedules from the tuning library (%d of its own, %d transferred "
+                     "from %d of other workloads)", self.context.task_name, len(own) + len(moved), len(own),
+                     len(moved), len(donors))
+        return own + moved
+
     def generate_measure_candidates(self) -> list[Any] | None:
         left = self.cap - self.proposed
-        if self.seeds and left > 0:
-            seeds, self.seeds = self.seeds, []
-            batch, _ = self._hand_out(seed_candidates(self.context, seeds), left)
+        if (self.seeds or self.transfer) and left > 0:
+            batch = self._library_batch(left)
             if batch:
-                log.info("task %s: first measures %d schedules from the tuning library", self.context.task_name,
-                         len(batch))
                 self.seed_batch = True
                 return batch
         for _ in range(MAX_EMPTY_BATCHES + 1):
@@ -183,4 +219,5 @@ class CappedSearch(ms.search_strategy.PySearchStrategy):
     def clone(self) -> Any:
         # TuneContext.clone() clones its strategy: the clone keeps the cap, the shared record and
         # the seeds not yet handed out.
-        return CappedSearch(self.inner.clone(), self.cap, self.measured, self.seeds)
+        return CappedSearch(self.inner.clone(), self.cap, self.measured, self.seeds, self.transfer,
+                            self.transfer_slots, self.on_transfer)

@@ -4,9 +4,11 @@ adds.
 - **warm**: each task's first round measures the library's best schedules of its workload (same
   target, device model and GPU share) before any search, so a task tuned before starts where it
   ended; the evolutionary search then seeds its population from them (they are in the shard's
-  database, measured here). Every shard's cost model is first trained on the library's records of
-  the same target and device (all workloads: MetaSchedule's features are per program), so no
-  shard's first search ranks by noise.
+  database, measured here). A task the library holds too few schedules of fills the rest of that
+  round by transfer: other workloads' schedules (same target, device and share) replayed on the
+  task's own module, the ones the library-trained cost model ranks best. Every shard's cost
+  model is first trained on the library's records of the same target and device (all workloads:
+  MetaSchedule's features are per program), so no shard's first search ranks by noise.
 - **reuse**: warm, and a task whose workload the library already holds ``trials.perTask`` trials
   of (same target, device and share) is not tuned again: its budget goes to the shard's other
   tasks, and the merge takes the library's best record for it as a candidate, re-measured against
@@ -32,6 +34,13 @@ MODES = ("none", "warm", "reuse")
 SEEDS_PER_TASK = 4
 # Records the cost model is trained on before the first round: the fastest per workload first.
 PRETRAIN_MAX = 2048
+# Transfer: a task the library holds fewer than SEEDS_PER_TASK schedules of fills its first round
+# with other workloads' schedules replayed on its own module (a split whose factors no longer
+# divide the loop falls back to TVM's default tiling), the ones the cost model ranks best. The
+# fastest TRANSFER_PER_WORKLOAD of each workload are tried, TRANSFER_MAX at most (each costs a
+# replay on the client, once per task).
+TRANSFER_PER_WORKLOAD = 4
+TRANSFER_MAX = 96
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,15 @@ class Lookup:
 
     def best(self, workload: str, k: int) -> list[Entry]:
         return self.same_share.get(workload, [])[:k]
+
+    def donors(self, workload: str, per_workload: int = TRANSFER_PER_WORKLOAD,
+               limit: int = TRANSFER_MAX) -> list[Entry]:
+        """Other workloads' fastest schedules (this target, device and share) to transfer to
+        ``workload``: each workload's fastest first, then each one's second, and so on, so a limit
+        keeps every workload's best."""
+        others = [es[:per_workload] for wl, es in sorted(self.same_share.items()) if wl != workload]
+        out = [es[rank] for rank in range(per_workload) for es in others if rank < len(es)]
+        return out[:limit]
 
 
 def target_json(target: Any) -> Any:
