@@ -125,3 +125,14 @@ def test_the_cli_round_trip_with_stock_tvms_database(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "sharetune.cli", "library", "export", lib, str(tmp_path / "x"),
                         "--device", "H100"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "matches 0 targets" in r.stderr and "sharetune library ls" in r.stderr
+    # A second database under a name already used would replace the first one's records: refused.
+    other = tmp_path / "db2"
+    write_shard(other, [(64, 7e-6)])
+    r = subprocess.run([sys.executable, "-m", "sharetune.cli", "library", "import", lib, str(other), "--device",
+                        "Xeon 8480", "--job", "resnet-night"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "resnet-night" in r.stderr and "--replace" in r.stderr
+    # Unnamed, each database keeps its own records, and importing one again adds nothing twice.
+    for _ in range(2):
+        sharetune("import", lib, str(other), "--device", "Xeon 8480")
+    (row,) = [json.loads(x) for x in sharetune("ls", lib, "--json").splitlines()]
+    assert (row["workloads"], row["records"], row["jobs"]) == (3, 3, 2)

@@ -167,12 +167,17 @@ def contribution(db_dir: Path, job: str, where: Where) -> dict[str, Any]:
             "records": [[k[0], body] for k, (_, body) in sorted(best.items())]}
 
 
+def object_name(lib: Backend, scope: str, job_uid: str) -> str:
+    """Where a job's contribution lives in the library: one object per job."""
+    if not job_uid or "/" in job_uid or not scope or ".." in scope:
+        raise LibraryError(f"library {lib.uri}: scope {scope!r} and job {job_uid!r} must be plain names")
+    return f"{scope}/jobs/{job_uid}.json"
+
+
 def add(lib: Backend, scope: str, job_uid: str, obj: dict[str, Any]) -> str:
     """Writes a job's contribution as its own object; returns its name. Adding again (a merge that
     ran twice) replaces that job's object, never another's."""
-    if not job_uid or "/" in job_uid or not scope or ".." in scope:
-        raise LibraryError(f"library {lib.uri}: scope {scope!r} and job {job_uid!r} must be plain names")
-    name = f"{scope}/jobs/{job_uid}.json"
+    name = object_name(lib, scope, job_uid)
     lib.put(name, json.dumps(obj, separators=(",", ":")).encode())
     return name
 

@@ -5,6 +5,7 @@ those as a JSONDatabase stock TVM reads; ``import`` adds a stock TVM database.""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -35,7 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ex.add_argument("--target", default="", help="a part of the target that picks one when the library holds "
                     "several for that device and share (e.g. sm_90a, llvm)")
     ex.add_argument("--top-k", type=int, default=1, help="records per workload, fastest first (0: all)")
-    im.add_argument("--job", default="imported", help="the name the records are added under")
+    im.add_argument("--job", default=None, help="the name the records are added under (default: one derived from "
+                    "the database's content, so importing it again replaces only itself)")
+    im.add_argument("--replace", action="store_true", help="replace the records an earlier import added under --job")
 
 
 def _groups(found: list[library.Entry]) -> dict[tuple[str, str, int], dict[str, Any]]:
@@ -85,10 +88,27 @@ def _export(a: argparse.Namespace) -> int:
 def _import(a: argparse.Namespace) -> int:
     if not (a.db / "database_tuning_record.json").is_file():
         raise LibraryError(f"{a.db}: no database_tuning_record.json: give a JSONDatabase directory")
-    obj = library.contribution(a.db, a.job, Where(a.device, a.share))
-    name = library.add(library.open_library(a.uri), a.scope, f"import-{a.job}", obj)
+    job = a.job or f"imported-{_digest(a.db)}"
+    lib = library.open_library(a.uri)
+    uid = f"import-{job}"
+    # An import is one object per name: a second database under a name already used would replace
+    # the first one's records, so that takes --replace.
+    if a.job and not a.replace and library.object_name(lib, a.scope, uid) in lib.names(f"{a.scope}/jobs/"):
+        raise LibraryError(f"library {a.uri} (scope {a.scope}) already holds an import named {a.job!r}: give another "
+                           "--job to keep both, or --replace to replace its records")
+    obj = library.contribution(a.db, job, Where(a.device, a.share))
+    name = library.add(lib, a.scope, uid, obj)
     print(json.dumps({"added": name, "records": len(obj["records"]), "workloads": len(obj["workloads"])}))
     return 0
+
+
+def _digest(db: Path) -> str:
+    """A name for a database's records: the same database always gets the same one."""
+    h = hashlib.sha256()
+    for f in ("database_workload.json", "database_tuning_record.json"):
+        path = db / f
+        h.update(path.read_bytes() if path.is_file() else b"")
+    return h.hexdigest()[:16]
 
 
 def run(a: argparse.Namespace) -> int:
