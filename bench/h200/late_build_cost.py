@@ -30,22 +30,45 @@ PHASES = {"CUDA C++ Frontend": "frontend", "NVVM Optimizer": "nvvm_optimizer", "
 
 
 def candidates(run: Path, per_shard: int, out_dir: Path) -> list[dict[str, Any]]:
-    """The last ``per_shard`` records of each shard's database, as scheduled IRModules (JSON)."""
+    """The last ``per_shard`` candidates each shard measured (its records file is in measurement
+    order; TVM's database API returns a workload's records fastest first), as scheduled IRModules
+    (JSON). Failed ones too: the build service built them as well."""
     import tvm
     import tvm.s_tir as st
     from tvm.s_tir import meta_schedule as ms
 
+    from sharetune_tuner.store.records import read_lines
+
     out = []
     for shard in sorted(run.glob("shards/shard-*")):
-        db = ms.database.JSONDatabase(path_workload=str(shard / "database_workload.json"),
-                                      path_tuning_record=str(shard / "database_tuning_record.json"))
-        for i, rec in enumerate(list(db.get_all_tuning_records())[-per_shard:]):
+        workloads = read_lines(shard / "database_workload.json")
+        lines = read_lines(shard / "database_tuning_record.json")
+        for i, (idx, body) in enumerate(lines[-per_shard:]):
+            rec = ms.database.TuningRecord.from_json(body, ms.database.Workload.from_json(workloads[idx]))
             sch = st.Schedule(rec.workload.mod)
             rec.trace.apply_to_schedule(sch, remove_postproc=False)  # as the measured candidate was
             path = out_dir / f"{shard.name}-{i}.json"
             path.write_text(tvm.ir.save_json(sch.mod))
-            out.append({"model": run.name, "task": shard.name, "i": i, "mod": str(path)})
+            out.append({"model": run.name, "task": shard.name, "i": i, "mod": str(path),
+                        "unroll": unroll_step(rec.trace), "run_ms": run_ms(rec)})
     return out
+
+
+def unroll_step(trace: Any) -> int | None:
+    """The candidate's ``auto_unroll_max_step``: the decision of the trace's SampleCategorical over
+    the CUDA rules' unroll steps (ParallelizeVectorizeUnroll), None where the trace has none."""
+    for inst in trace.insts:
+        if inst.kind.name != "SampleCategorical":
+            continue
+        choices = [int(c) for c in inst.attrs[0]]
+        if choices and choices[-1] >= 512:  # the unroll steps (0, 16, 64, 512, 1024); no other categorical ends so
+            return choices[int(trace.decisions[inst])]
+    return None
+
+
+def run_ms(rec: Any) -> float | None:
+    secs = [float(x) for x in (rec.run_secs or [])]
+    return round(1000 * statistics.median(secs), 4) if secs else None
 
 
 def phases(csv_path: Path) -> list[dict[str, float]]:
@@ -60,6 +83,16 @@ def phases(csv_path: Path) -> list[dict[str, float]]:
                 rows.append({})
             rows[-1][name] = float(r[2])
     return rows
+
+
+def by_unroll(rows: list[dict[str, Any]], cands: list[dict[str, Any]]) -> dict[str, Any]:
+    """Build CPU per candidate grouped by its unroll step: what a cap on the step would save."""
+    groups: dict[str, list[float]] = {}
+    for r, c in zip(rows, cands, strict=True):
+        if not r["error"]:
+            groups.setdefault(str(c["unroll"]), []).append(r["cpu_s"])
+    return {k: {"n": len(v), "cpu_s_mean": round(statistics.mean(v), 3), "cpu_s_sum": round(sum(v), 2)}
+            for k, v in sorted(groups.items(), key=lambda kv: int(kv[0]) if kv[0].lstrip("-").isdigit() else -1)}
 
 
 def main() -> int:
@@ -98,7 +131,9 @@ def main() -> int:
            "nvrtc_share_of_build": round(sum(r.get("nvrtc_cpu_s", 0.0) for r in ok) / sum(r["cpu_s"] for r in ok), 3)
            if ok else None,
            "nvrtc_phase_s_mean": phase_s, "nvrtc_compiles_timed": len(per),
-           "rows": [{k: r.get(k) for k in ("task", "i", "cpu_s", "nvrtc_cpu_s", "error")} for r in rows]}
+           "by_unroll": by_unroll(rows, cands),
+           "rows": [{**{k: r.get(k) for k in ("task", "i", "cpu_s", "nvrtc_cpu_s", "error")},
+                     "unroll": c["unroll"], "run_ms": c["run_ms"]} for r, c in zip(rows, cands, strict=True)]}
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}, indent=1))
     return 0
