@@ -46,13 +46,22 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench" / "h200"))
+from real_budget import time_to_reach  # noqa: E402  # one definition of "reached a latency" for every bench
+
 RESULTS = ROOT / "bench" / "results"
 CELLS = RESULTS / "library-cells.jsonl"
 OUT = RESULTS / "library.json"
 PLOT = ROOT / "docs" / "library.png"
 TRIALS = {"total": 48, "perTask": 12, "perIteration": 4}
-TTQ_TOLERANCE = 0.02  # "reached" a latency: within 2% of it, as bench/h200/real_budget.py
 SCALE_SHAPE = [1, 3, 64, 64]  # tiny_cnn's input in ``scale`` and ``remeasure``
+
+
+def reached_at(curve: list[float | None], target: float) -> int | None:
+    """The first step (1-based) at which ``curve`` is within real_budget's tolerance of ``target``
+    or below it; None if it never gets there (steps without a value are skipped)."""
+    t = time_to_reach([(float(k), v) for k, v in enumerate(curve, start=1) if v], target)
+    return int(t) if t is not None else None
 
 
 def load_cells() -> list[dict[str, Any]]:
@@ -265,10 +274,9 @@ def _rounds_summary(by: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]
             final = cold[wl][-1]
             if not final:
                 continue
-            reach = [k for k, c in enumerate(cold[wl], start=1) if c and c <= final * (1 + TTQ_TOLERANCE)]
-            got = [k for k, w in enumerate(warm[wl], start=1) if w and w <= final * (1 + TTQ_TOLERANCE)]
-            if got:
-                speedups.append(reach[0] / got[0])
+            reach, got = reached_at(cold[wl], final), reached_at(warm[wl], final)
+            if got and reach:
+                speedups.append(reach / got)
             else:
                 never += 1
     if not ratios:
@@ -460,6 +468,7 @@ def related_cells(seeds: list[int], second: str) -> None:
                       workloads=[t["workload_hash"] for t in tuned if t["trials"]]))
     name = second
     total, per_task = RELATED[second]
+    offered = library_bests(lib)  # each library arm tunes on its own copy: the original stays as filled
     for seed in seeds:
         runs = {}
         for arm, mode in ((_rel(name, "cold"), None), (_rel(name, "warm"), "warm"), (_rel(name, "reuse"), "reuse")):
@@ -472,7 +481,7 @@ def related_cells(seeds: list[int], second: str) -> None:
             cell = _cell(arm, seed, s, model=name, run_dir=str(runs[arm]), progress_bests=progress_bests(runs[arm]),
                          tasks={t["workload_hash"]: {"weight": t["weight"], "default_us": t["default_us"]}
                                 for t in summary["tasks"]},
-                         library_bests=library_bests(lib) if mode else {})
+                         library_bests=offered if mode else {})
             append_cell(cell)
             print(json.dumps({k: cell[k] for k in ("arm", "seed", "wall_s", "latency_tuned_ms", "records")}),
                   flush=True)
@@ -531,11 +540,7 @@ def _related_rows(by: dict[tuple[str, int], dict[str, Any]], second: str, mode: 
         if final is None:
             continue
 
-        def reach(curve: list[float | None]) -> int | None:
-            return next((k + 1 for k, v in enumerate(curve) if v is not None and v <= final * (1 + TTQ_TOLERANCE)),
-                        None)
-
-        rc, rw = reach(curves["cold"]), reach(curves["warm"])
+        rc, rw = reached_at(curves["cold"], final), reached_at(curves["warm"], final)
         # in seconds: the warm arm's shards also train on the library's records, so its steps are
         # longer; an arm that tuned nothing (every task reused) delivers at the end of its tuning phase
         sc = rc * cold["tuning_s"] / steps if rc else None
@@ -649,9 +654,8 @@ def rounds_cells(seeds: list[int]) -> None:
     lib = libs[-1]["library"]
     tmp = Path(tempfile.mkdtemp(prefix="sharetune-library-rounds-"))
     for seed in seeds:
-        for arm, library in (("rounds-cold", None), ("rounds-warm", {"mode": "warm"})):
-            if library is not None:
-                library["path"] = library_copy(lib, tmp / f"lib-{arm}-s{seed}")
+        for arm, mode in (("rounds-cold", None), ("rounds-warm", "warm")):
+            library = {"mode": mode, "path": library_copy(lib, tmp / f"lib-{arm}-s{seed}")} if mode else None
             s = run_one(job(f"lib-{arm}-s{seed}", [1, 3, 96, 96], seed, library), tmp / f"{arm}-s{seed}")
             bests = round_bests(tmp / f"{arm}-s{seed}" / "run", TRIALS["perIteration"])
             cell = _cell(arm, seed, s, run_dir=str(tmp / f"{arm}-s{seed}" / "run"), round_bests=bests)

@@ -5,13 +5,14 @@ and ``reuse`` cannot help), two first rounds of K candidates, measured on this C
 
   random     K schedules sampled from the task's design space (ReplayTrace: what a cold task's
              first round measures)
-  transfer   every library schedule of any other workload replayed on this task's module (trace
-             decisions that no longer divide a loop fall back to TVM's own default; postprocessing
-             re-run), the ones that apply ranked by a cost model trained on the library
-             (warm_start.pretrain) and the K best measured; topped up with random ones when fewer apply
+  transfer   the client's transfer (warm_start.Lookup.donors, capped_search.seed_candidates and
+             capped_search.ranked: other workloads' fastest schedules replayed on this task's module,
+             ranked by a cost model trained on the library) and the K best measured; topped up with
+             random ones when fewer apply
 
-Per task it records both arms' best-of-first-k for k = 1..K and how many transfer candidates
-matched random's best of K; across tasks the geometric mean of transfer's best over random's.
+Per task it records both arms' best-of-first-k for k = 1..K (transfer's over random's), how many
+transfer candidates matched random's best of K, and a round of K/2 transferred plus K/2 random
+against random's K; across tasks the geometric means.
 
     PYTHONPATH=operator:tuner-image python bench/transfer_probe.py --library DIR --scope local \\
         --network resnet50 --input 64 --tasks 12 --k 8
@@ -69,31 +70,20 @@ def _random(ctx: Any, k: int) -> list[Any]:
     return cands[:k]
 
 
-def _transferred(mod: Any, target: Any, ctx: Any, donors: list[tuple[Any, list[Any]]]) -> list[Any]:
-    """Every donor trace that applies to ``mod`` and passes postprocessing, as measure candidates
-    (deduplicated by the scheduled module's structure)."""
+def _transferred(ctx: Any, model: Any, donors: list[Any]) -> list[Any]:
+    """The client's transfer (capped_search.seed_candidates, then ranked by ``model``), each
+    scheduled module once."""
     import tvm_ffi
-    from tvm.s_tir import Schedule
-    from tvm.s_tir import meta_schedule as ms
 
-    postprocs = ctx.space_generator.postprocs
+    from sharetune_tuner.search.capped_search import ranked, seed_candidates
+
     seen: set[int] = set()
     out = []
-    for workload, bodies in donors:
-        for body in bodies:
-            try:
-                trace = ms.database.TuningRecord.from_json(body, workload).trace
-                sch = Schedule(mod, error_render_level="none")
-                trace.apply_to_schedule(sch, remove_postproc=True)
-                if not all(p.apply(sch) for p in postprocs):
-                    continue
-            except Exception:  # a trace whose blocks or loops this module does not have
-                continue
-            h = tvm_ffi.structural_hash(sch.mod)
-            if h in seen:
-                continue
+    for c in ranked(model, ctx, seed_candidates(ctx, donors)):
+        h = tvm_ffi.structural_hash(c.sch.mod)
+        if h not in seen:
             seen.add(h)
-            out.append(ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)))
+            out.append(c)
     return out
 
 
@@ -122,25 +112,23 @@ def probe(a: argparse.Namespace) -> dict[str, Any]:
         if wl not in held:
             tasks.append(t)
     shared = len(every) - len(tasks)
-    tasks = tasks[:a.tasks]
-    # Donors: each library workload's best records, fastest first.
-    per_wl: dict[str, list[Any]] = {}
+    tasks = ([by_key[info.key] for info in new] if a.replay_only else tasks)[:a.tasks]
+    by_wl: dict[str, list[Any]] = {}
     for e in sorted(found, key=lambda e: e.secs):
-        per_wl.setdefault(e.key.workload, []).append(e.record)
-    donors = [(ms.database.Workload.from_json([wl, irs[wl]]), recs[:a.per_donor])
-              for wl, recs in sorted(per_wl.items()) if wl in irs]
+        by_wl.setdefault(e.key.workload, []).append(e)
+    library = Lookup(by_wl, found, irs)
     model = ms.cost_model.XGBModel(num_warmup_samples=0)
-    learnt = pretrain(model, target, Lookup({}, found, irs))
+    learnt = pretrain(model, target, library)
+    if a.replay_only:
+        return replay_cost(a, target, tasks, library, model, learnt)
     rows = []
     for i, t in enumerate(tasks):
         ctx = ms.TuneContext(t.workload, target=target, space_generator="post-order-apply",
                              search_strategy=ms.search_strategy.ReplayTrace(max_fail_count=100),
                              task_name=t.info.name, rand_state=a.seed * 1000 + i, num_threads=1)
         t0 = time.time()
-        pool = _transferred(t.workload, target, ctx, donors)
-        if pool:
-            scores = list(model.predict(ctx, pool))
-            pool = [c for _, _, c in sorted(zip(scores, range(len(pool)), pool), key=lambda x: (-x[0], x[1]))]
+        wl = ms.database.Workload(t.workload).as_json()[0]
+        pool = _transferred(ctx, model, library.donors(wl, a.per_donor))
         rand = _random(ctx, a.k)
         transfer = pool[:a.k] + rand[:max(0, a.k - len(pool))]
         secs_r = _measure(rand, target)
@@ -148,10 +136,15 @@ def probe(a: argparse.Namespace) -> dict[str, Any]:
         best = lambda xs, k: min(xs[:k], default=math.inf)  # noqa: E731  # a one-line helper
         goal = best(secs_r, a.k)
         match = next((k for k in range(1, a.k + 1) if best(secs_t, k) <= goal), None)
+        half = a.k // 2  # half a round transferred, half random: best of both against random's whole round
+        mixed = min(best(secs_t, half), best(secs_r, a.k - half))
         rows.append({"task": t.info.name, "applied": len(pool), "random_ms": [round(s * 1e3, 4) for s in secs_r],
                      "transfer_ms": [round(s * 1e3, 4) for s in secs_t],
                      "best_ratio": round(best(secs_t, a.k) / goal, 4) if math.isfinite(goal) else None,
-                     "transfer_k_to_random_best": match, "wall_s": round(time.time() - t0, 1)})
+                     "transfer_k_to_random_best": match,
+                     "best_ratio_at_k": [_ratio(best(secs_t, k), best(secs_r, k)) for k in range(1, a.k + 1)],
+                     "mixed_ratio": round(mixed / goal, 4) if math.isfinite(goal) else None,
+                     "wall_s": round(time.time() - t0, 1)})
         print(json.dumps({k: rows[-1][k] for k in ("task", "applied", "best_ratio", "transfer_k_to_random_best")}),
               flush=True)
     ratios = [r["best_ratio"] for r in rows if r["best_ratio"] and math.isfinite(r["best_ratio"])]
@@ -159,12 +152,57 @@ def probe(a: argparse.Namespace) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores, {_cpu()}",
         "command": " ".join(["python bench/transfer_probe.py", *sys.argv[1:]]),
         "network": a.network, "input": a.input, "k": a.k, "seed": a.seed, "per_donor": a.per_donor,
-        "library_records": len(found), "library_workloads": len(per_wl), "model_learnt_from": learnt,
+        "library_records": len(found), "library_workloads": len(by_wl), "model_learnt_from": learnt,
         "tasks_total": len(every), "tasks_shared": shared, "tasks_probed": len(rows),
-        "best_ratio_geomean": round(math.exp(statistics.mean(math.log(r) for r in ratios)), 4) if ratios else None,
+        "best_ratio_geomean": _geo(ratios),
+        "best_ratio_at_k_geomean": [_geo([r["best_ratio_at_k"][k] for r in rows if r["best_ratio_at_k"][k]])
+                                    for k in range(a.k)],
+        "mixed_ratio_geomean": _geo([r["mixed_ratio"] for r in rows if r["mixed_ratio"]]),
         "tasks_transfer_matched_random_best": sum(r["transfer_k_to_random_best"] is not None for r in rows),
         "rows": rows,
     }
+
+
+def replay_cost(a: argparse.Namespace, target: Any, tasks: list[Any], library: Any, model: Any,
+                learnt: int) -> dict[str, Any]:
+    """What transfer costs a client per fresh task, nothing measured: every donor replayed on the
+    task's module (capped_search.seed_candidates) and the cost model's ranking of those that apply,
+    in CPU seconds. Every task counts, held or not: its donors are the other workloads'."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from sharetune_tuner.search.capped_search import ranked, seed_candidates
+
+    rows = []
+    for i, t in enumerate(tasks):
+        ctx = ms.TuneContext(t.workload, target=target, space_generator="post-order-apply",
+                             search_strategy=ms.search_strategy.ReplayTrace(max_fail_count=100),
+                             task_name=t.info.name, rand_state=a.seed * 1000 + i, num_threads=1)
+        donors = library.donors(ms.database.Workload(t.workload).as_json()[0], a.per_donor)
+        c0 = time.process_time()
+        cands = seed_candidates(ctx, donors)
+        c1 = time.process_time()
+        ranked(model, ctx, cands)
+        c2 = time.process_time()
+        rows.append({"task": t.info.name, "donors": len(donors), "applied": len(cands),
+                     "replay_cpu_s": round(c1 - c0, 3), "rank_cpu_s": round(c2 - c1, 3)})
+        print(json.dumps(rows[-1]), flush=True)
+    total = [r["replay_cpu_s"] + r["rank_cpu_s"] for r in rows]
+    return {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores, {_cpu()}",
+            "command": " ".join(["python bench/transfer_probe.py", *sys.argv[1:]]),
+            "network": a.network, "input": a.input, "target": str(target.kind.name), "per_donor": a.per_donor,
+            "library_records": len(library.same_device), "model_learnt_from": learnt, "tasks": len(rows),
+            "cpu_s_per_task": {"mean": round(statistics.mean(total), 3), "max": round(max(total), 3),
+                               "sum": round(sum(total), 2)} if total else None,
+            "rows": rows}
+
+
+def _ratio(x: float, y: float) -> float | None:
+    return round(x / y, 4) if math.isfinite(x) and math.isfinite(y) else None
+
+
+def _geo(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x and math.isfinite(x)]
+    return round(math.exp(statistics.mean(math.log(x) for x in xs)), 4) if xs else None
 
 
 def _cpu() -> str:
@@ -184,6 +222,8 @@ def main() -> int:
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--per-donor", type=int, default=4, help="records of each library workload tried")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--replay-only", action="store_true", help="time transfer's replay and ranking per task "
+                   "(every task, none measured; any target, e.g. a CUDA library on a CPU machine)")
     p.add_argument("--out", default=str(OUT))
     a = p.parse_args()
     random.seed(a.seed)

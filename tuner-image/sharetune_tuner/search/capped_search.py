@@ -99,6 +99,19 @@ def seed_candidates(context: Any, seeds: list[Any]) -> list[Any]:
     return out
 
 
+def ranked(cost_model: Any, context: Any, candidates: list[Any]) -> list[Any]:
+    """``candidates`` best first by ``cost_model`` (as they came where it cannot score them)."""
+    if cost_model is None or len(candidates) < 2:
+        return candidates
+    try:
+        scores = [float(x) for x in cost_model.predict(context, candidates)]
+    except Exception as err:  # features this TVM cannot extract: the library's order
+        log.debug("task %s: transferred schedules not ranked: %s", context.task_name, err)
+        return candidates
+    order = sorted(range(len(candidates)), key=lambda i: (-scores[i], i))
+    return [candidates[i] for i in order]
+
+
 @derived_object
 class CappedSearch(ms.search_strategy.PySearchStrategy):
     """``inner`` for at most ``cap`` measured candidates, none of them twice."""
@@ -158,18 +171,6 @@ class CappedSearch(ms.search_strategy.PySearchStrategy):
         self.proposed += len(fresh)
         return list(fresh.values()), dupes
 
-    def _ranked(self, candidates: list[Any]) -> list[Any]:
-        """``candidates`` best first by the cost model (as they came where it cannot score them)."""
-        if self.cost_model is None or len(candidates) < 2:
-            return candidates
-        try:
-            scores = [float(x) for x in self.cost_model.predict(self.context, candidates)]
-        except Exception as err:  # features this TVM cannot extract: the library's order
-            log.debug("task %s: transferred schedules not ranked: %s", self.context.task_name, err)
-            return candidates
-        order = sorted(range(len(candidates)), key=lambda i: (-scores[i], i))
-        return [candidates[i] for i in order]
-
     def _library_batch(self, left: int) -> list[Any]:
         """The task's first batch from the library: its own schedules, then transferred ones."""
         seeds, self.seeds = self.seeds, []
@@ -178,7 +179,8 @@ class CappedSearch(ms.search_strategy.PySearchStrategy):
         moved: list[Any] = []
         slots = min(self.transfer_slots, left - len(own))
         if donors and slots > 0:
-            moved, _ = self._hand_out(self._ranked(seed_candidates(self.context, donors)), slots)
+            moved, _ = self._hand_out(ranked(self.cost_model, self.context, seed_candidates(self.context, donors)),
+                                      slots)
             if self.on_transfer is not None:
                 self.on_transfer(len(moved))
         if own or moved:
