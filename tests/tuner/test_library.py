@@ -121,6 +121,11 @@ def test_the_cli_round_trip_with_stock_tvms_database(tmp_path: Path) -> None:
     assert json.loads(sharetune("export", lib, str(out), "--device", "Xeon 8480", "--target", "llvm"))["records"] == 2
     got = ms.database.JSONDatabase(work_dir=str(out))
     assert float(got.query_tuning_record(workload(16), TARGET, "main").run_secs[0]) == pytest.approx(3e-6)
+    # Exporting over a database would lose its records: refused.
+    r = subprocess.run([sys.executable, "-m", "sharetune.cli", "library", "export", lib, str(out), "--device",
+                        "Xeon 8480"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "already holds a database" in r.stderr
+    assert len(read_lines(out / "database_tuning_record.json")) == 2
     # Another device's records are not there to export: the error names the fix.
     r = subprocess.run([sys.executable, "-m", "sharetune.cli", "library", "export", lib, str(tmp_path / "x"),
                         "--device", "H100"], capture_output=True, text=True, timeout=120)

@@ -239,7 +239,12 @@ def matching(found: Iterable[Entry], target: str, where: Where, workloads: set[s
 
 def export(chosen: list[Entry], irs: dict[str, str], out_dir: Path) -> int:
     """Writes ``chosen`` as a JSONDatabase directory (what stock TVM's ``JSONDatabase`` reads);
-    returns the records written."""
+    returns the records written. A directory that already holds a database is refused: writing
+    over it would lose that database's records."""
+    held = [f for f in (WORKLOADS_FILE, RECORDS_FILE) if (out_dir / f).exists()]
+    if held:
+        raise LibraryError(f"{out_dir} already holds a database ({held[0]}): export writes a new one, so give a "
+                           "directory without one (import adds a database to the library)")
     out_dir.mkdir(parents=True, exist_ok=True)
     order = sorted({e.key.workload for e in chosen})
     missing = [w for w in order if w not in irs]
