@@ -94,10 +94,10 @@ def probe(a: argparse.Namespace) -> dict[str, Any]:
     from sharetune_tuner.model.loader import load
     from sharetune_tuner.model.tasks import extract
     from sharetune_tuner.search.partition import order
-    from sharetune_tuner.search.warm_start import Lookup, pretrain
-    from sharetune_tuner.store.library import entries, open_library
+    from sharetune_tuner.search.warm_start import LibraryUse, lookup, pretrain
+    from sharetune_tuner.store.library import Where, entries, open_library
 
-    found, irs = entries(open_library(a.library), a.scope)
+    found, _ = entries(open_library(a.library), a.scope)
     if not found:
         raise SystemExit(f"{a.library} scope {a.scope}: no records")
     target = tvm.target.Target(found[0].record[2])
@@ -113,10 +113,8 @@ def probe(a: argparse.Namespace) -> dict[str, Any]:
             tasks.append(t)
     shared = len(every) - len(tasks)
     tasks = ([by_key[info.key] for info in new] if a.replay_only else tasks)[:a.tasks]
-    by_wl: dict[str, list[Any]] = {}
-    for e in sorted(found, key=lambda e: e.secs):
-        by_wl.setdefault(e.key.workload, []).append(e)
-    library = Lookup(by_wl, found, irs)
+    # The client's own lookup, for the device and share the library's records were measured at.
+    library = lookup(LibraryUse(a.library, a.scope, "warm", Where(found[0].key.device, found[0].key.share)), target)
     model = ms.cost_model.XGBModel(num_warmup_samples=0)
     learnt = pretrain(model, target, library)
     if a.replay_only:
@@ -152,7 +150,7 @@ def probe(a: argparse.Namespace) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores, {_cpu()}",
         "command": " ".join(["python bench/transfer_probe.py", *sys.argv[1:]]),
         "network": a.network, "input": a.input, "k": a.k, "seed": a.seed, "per_donor": a.per_donor,
-        "library_records": len(found), "library_workloads": len(by_wl), "model_learnt_from": learnt,
+        "library_records": len(found), "library_workloads": len(library.same_share), "model_learnt_from": learnt,
         "tasks_total": len(every), "tasks_shared": shared, "tasks_probed": len(rows),
         "best_ratio_geomean": _geo(ratios),
         "best_ratio_at_k_geomean": [_geo([r["best_ratio_at_k"][k] for r in rows if r["best_ratio_at_k"][k]])

@@ -37,12 +37,13 @@ def candidates(run: Path, per_shard: int, out_dir: Path) -> list[dict[str, Any]]
     import tvm.s_tir as st
     from tvm.s_tir import meta_schedule as ms
 
+    from sharetune.api.topology import RECORDS_FILE, WORKLOADS_FILE
     from sharetune_tuner.store.records import read_lines
 
     out = []
     for shard in sorted(run.glob("shards/shard-*")):
-        workloads = read_lines(shard / "database_workload.json")
-        lines = read_lines(shard / "database_tuning_record.json")
+        workloads = read_lines(shard / WORKLOADS_FILE)
+        lines = read_lines(shard / RECORDS_FILE)
         for i, (idx, body) in enumerate(lines[-per_shard:]):
             rec = ms.database.TuningRecord.from_json(body, ms.database.Workload.from_json(workloads[idx]))
             sch = st.Schedule(rec.workload.mod)
@@ -61,9 +62,14 @@ def unroll_step(trace: Any) -> int | None:
         if inst.kind.name != "SampleCategorical":
             continue
         choices = [int(c) for c in inst.attrs[0]]
-        if choices and choices[-1] >= 512:  # the unroll steps (0, 16, 64, 512, 1024); no other categorical ends so
+        if choices and choices[-1] >= 512:  # the unroll steps (0, 16, 32, ..., 1024); no other categorical ends so
             return choices[int(trace.decisions[inst])]
     return None
+
+
+def step_key(step: str) -> int:
+    """Sort order of unroll steps written as strings ("None", where a trace has none, first)."""
+    return int(step) if step.isdigit() else -1
 
 
 def run_ms(rec: Any) -> float | None:
@@ -92,7 +98,7 @@ def by_unroll(rows: list[dict[str, Any]], cands: list[dict[str, Any]]) -> dict[s
         if not r["error"]:
             groups.setdefault(str(c["unroll"]), []).append(r["cpu_s"])
     return {k: {"n": len(v), "cpu_s_mean": round(statistics.mean(v), 3), "cpu_s_sum": round(sum(v), 2)}
-            for k, v in sorted(groups.items(), key=lambda kv: int(kv[0]) if kv[0].lstrip("-").isdigit() else -1)}
+            for k, v in sorted(groups.items(), key=lambda kv: step_key(kv[0]))}
 
 
 def main() -> int:

@@ -21,27 +21,27 @@ import time
 from pathlib import Path
 
 from common import RESULTS
-from late_build_cost import unroll_step
-
-FAILED_MS = 1e5  # a run time this large is TVM's mark of a failed build or run
+from late_build_cost import step_key, unroll_step
 
 
 def task_bests(tar: Path) -> list[list[tuple[float, int | None]]]:
-    """Per task of the arm: (run ms, unroll step) of every measured record, fastest first."""
+    """Per task of the arm: (run ms, unroll step) of every measured record, fastest first (failed
+    builds and runs left out, as the library and the merge leave them out: records.measured)."""
     from tvm.s_tir import meta_schedule as ms
+
+    from sharetune.api.topology import RECORDS_FILE, WORKLOADS_FILE
+    from sharetune_tuner.store.records import measured, read_lines
 
     wd = Path(tempfile.mkdtemp(prefix="unroll-quality-"))
     with tarfile.open(tar) as t:
         t.extractall(wd, filter="data")
     out = []
     for shard in sorted(wd.glob("shards/shard-*")):
-        db = ms.database.JSONDatabase(path_workload=str(shard / "database_workload.json"),
-                                      path_tuning_record=str(shard / "database_tuning_record.json"))
-        by: dict[int, list[tuple[float, int | None]]] = collections.defaultdict(list)
-        for r in db.get_all_tuning_records():
-            ms_ = 1000 * statistics.median(float(x) for x in r.run_secs) if r.run_secs else None
-            if ms_ is not None and ms_ < FAILED_MS:
-                by[r.workload.mod.__hash__()].append((ms_, unroll_step(r.trace)))
+        workloads = read_lines(shard / WORKLOADS_FILE)
+        by: dict[str, list[tuple[float, int | None]]] = collections.defaultdict(list)
+        for m in measured(workloads, read_lines(shard / RECORDS_FILE)):
+            wl = ms.database.Workload.from_json([m.workload, m.ir])
+            by[m.workload].append((1000 * m.secs, unroll_step(ms.database.TuningRecord.from_json(m.body, wl).trace)))
         out += [sorted(v, key=lambda x: x[0]) for v in by.values()]
     return out
 
@@ -56,13 +56,12 @@ def main() -> int:
     measured = collections.Counter(str(u) for recs in tasks for _, u in recs)
     fastest = collections.Counter(str(recs[0][1]) for recs in tasks)
     without = [rest[0] / recs[0][0] for recs in tasks if (rest := [m for m, u in recs if u != largest])]
-    key = lambda kv: int(kv[0]) if kv[0].isdigit() else -1  # noqa: E731  # a one-line helper
     out = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} (reads the records; they were measured "
                                                           "on the arms' GPU machines)",
            "command": "python bench/h200/unroll_quality.py " + " ".join(str(t) for t in a.tars),
            "task_runs": len(without), "largest_step": largest,
-           "measured_by_step": dict(sorted(measured.items(), key=key)),
-           "fastest_by_step": dict(sorted(fastest.items(), key=key)),
+           "measured_by_step": dict(sorted(measured.items(), key=lambda kv: step_key(kv[0]))),
+           "fastest_by_step": dict(sorted(fastest.items(), key=lambda kv: step_key(kv[0]))),
            "best_without_largest_over_best": {"geomean": round(statistics.geometric_mean(without), 4),
                                               "max": round(max(without), 4),
                                               "tasks_slower": sum(1 for x in without if x > 1.0)}}

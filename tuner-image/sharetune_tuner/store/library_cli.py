@@ -11,6 +11,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from sharetune.api.topology import RECORDS_FILE, WORKLOADS_FILE
+
 from . import library
 from .library import LibraryError, Where
 
@@ -86,8 +88,8 @@ def _export(a: argparse.Namespace) -> int:
 
 
 def _import(a: argparse.Namespace) -> int:
-    if not (a.db / "database_tuning_record.json").is_file():
-        raise LibraryError(f"{a.db}: no database_tuning_record.json: give a JSONDatabase directory")
+    if not (a.db / RECORDS_FILE).is_file():
+        raise LibraryError(f"{a.db}: no {RECORDS_FILE}: give a JSONDatabase directory")
     job = a.job or f"imported-{_digest(a.db)}"
     lib = library.open_library(a.uri)
     uid = f"import-{job}"
@@ -105,7 +107,7 @@ def _import(a: argparse.Namespace) -> int:
 def _digest(db: Path) -> str:
     """A name for a database's records: the same database always gets the same one."""
     h = hashlib.sha256()
-    for f in ("database_workload.json", "database_tuning_record.json"):
+    for f in (WORKLOADS_FILE, RECORDS_FILE):
         path = db / f
         h.update(path.read_bytes() if path.is_file() else b"")
     return h.hexdigest()[:16]
