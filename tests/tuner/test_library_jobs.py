@@ -73,6 +73,14 @@ def test_the_cost_model_learns_only_records_of_its_target_and_device(tmp_path: P
     assert warm_start.pretrain(cost_model, TARGET, found) == 8 and cost_model.data_size == 8
     elsewhere = _lookup(tmp_path / "b", Where("cpu-b", 100))  # measured on another CPU model
     assert elsewhere.same_device == [] and warm_start.pretrain(ms.CostModel.create("xgb"), TARGET, elsewhere) == 0
+    # A library larger than the limit teaches every workload its fastest records, not the first
+    # workload all of its own.
+    small = ms.CostModel.create("xgb", num_tuning_cores=1)
+    assert warm_start.pretrain(small, TARGET, found, limit=4) == 4
+    groups = [(wl, found.irs[wl], [e.record for e in es]) for wl, es in found.same_share.items()]
+    taught = warm_start.replayed(TARGET, groups, 4, "library")
+    assert sorted(len(c) for _, _, c, _ in taught) == [2, 2]
+    assert [float(r.run_secs[0]) for _, _, _, rs in taught for r in rs] == pytest.approx([2e-6, 3e-6] * 2)
 
 
 def test_a_task_the_library_lacks_starts_from_other_workloads_schedules(tmp_path: Path) -> None:

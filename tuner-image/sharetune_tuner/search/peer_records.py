@@ -28,16 +28,15 @@ from sharetune.api.topology import shard_object
 
 from ..store import records
 from ..store.backends import Store, StoreError, read_packed
-from .warm_start import learn
+from .warm_start import Group, learn, spread
 
 log = logging.getLogger("sharetune.peers")
 
 PEER_INTERVAL_S = 20.0
-PEER_MAX = 1024  # records learnt from the other shards, at most (the fastest per workload first)
+PEER_MAX = 1024  # records learnt from the other shards, at most (spread over the workloads)
 
 # A shard's database files ({records.WORKLOADS: ..., records.RECORDS: ...}), None while it has none.
 Fetch = Callable[[int], "dict[str, bytes] | None"]
-Group = tuple[str, str, list[list[Any]]]  # (workload hash, its IR, record bodies): warm_start.learn
 
 
 def store_fetch(store: Store) -> Fetch:
@@ -94,13 +93,7 @@ class PeerRecords:
             if not files:
                 continue
             groups, self.seen[i] = new_groups(files, self.seen[i])
-            room = self.limit - self.fetched - added
-            kept: list[Group] = []
-            for wl, ir, bodies in groups:
-                if room <= 0:
-                    break
-                kept.append((wl, ir, bodies[:room]))
-                room -= len(kept[-1][2])
+            kept = spread(groups, self.limit - self.fetched - added)
             n = sum(len(b) for _, _, b in kept)
             if n:
                 with self._lock:

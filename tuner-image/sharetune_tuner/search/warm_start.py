@@ -32,7 +32,7 @@ log = logging.getLogger("sharetune.library")
 MODES = ("none", "warm", "reuse")
 # Library schedules a task's first round measures (at most; the round's size caps it too).
 SEEDS_PER_TASK = 4
-# Records the cost model is trained on before the first round: the fastest per workload first.
+# Records the cost model is trained on before the first round, spread over the workloads (spread).
 PRETRAIN_MAX = 2048
 # Transfer: a task the library holds fewer than SEEDS_PER_TASK schedules of fills its first round
 # with other workloads' schedules replayed on its own module (a split whose factors no longer
@@ -158,14 +158,38 @@ def pretrain(cost_model: Any, target: Any, found: Lookup, limit: int = PRETRAIN_
     return learn(cost_model, target, groups, limit, "library")
 
 
-def learn(cost_model: Any, target: Any, groups: list[tuple[str, str, list[list[Any]]]], limit: int,
-          source: str) -> int:
-    """Trains ``cost_model`` on tuning records measured elsewhere, grouped by workload: (its
-    structural hash, its IR as a JSONDatabase workload line holds it, the records' bodies
-    ``[trace, run_secs, target, args_info]``); at most ``limit`` records. Returns how many it learnt
-    from. A workload or trace this TVM cannot load is skipped (and logged at debug). The model
-    trains once, after the last group (tvm_private.held_training): handed one workload at a time,
-    XGBoost retrained each time its data grew by a fifth (14 trainings for 722 library records)."""
+# A workload's records as the cost model learns them: (its structural hash, its IR as a
+# JSONDatabase workload line holds it, the records' bodies ``[trace, run_secs, target, args_info]``).
+Group = tuple[str, str, list[list[Any]]]
+
+
+def spread(groups: list[Group], limit: int) -> list[Group]:
+    """At most ``limit`` records of ``groups`` (each group's records fastest first), taken across the
+    workloads rank by rank: every workload's fastest, then every second fastest, and so on. Taking
+    them group after group instead taught a model from a library larger than the limit the first
+    few workloads in full and the others nothing (a real-budget CUDA library holds thousands of
+    records of a few dozen workloads)."""
+    keep = [0] * len(groups)
+    left, rank = limit, 0
+    while left > 0:
+        took = 0
+        for i, (_, _, bodies) in enumerate(groups):
+            if left > 0 and rank < len(bodies):
+                keep[i] += 1
+                left -= 1
+                took += 1
+        if not took:
+            break
+        rank += 1
+    return [(wl, ir, bodies[:n]) for (wl, ir, bodies), n in zip(groups, keep) if n]
+
+
+def learn(cost_model: Any, target: Any, groups: list[Group], limit: int, source: str) -> int:
+    """Trains ``cost_model`` on tuning records measured elsewhere, grouped by workload (``Group``);
+    at most ``limit`` records, spread over the workloads. Returns how many it learnt from. A
+    workload or trace this TVM cannot load is skipped (and logged at debug). The model trains once,
+    after the last group (tvm_private.held_training): handed one workload at a time, XGBoost
+    retrained each time its data grew by a fifth (14 trainings for 722 library records)."""
     from ..tvm_private import held_training
 
     batches = replayed(target, groups, limit, source)
@@ -182,19 +206,16 @@ def learn(cost_model: Any, target: Any, groups: list[tuple[str, str, list[list[A
     return used
 
 
-def replayed(target: Any, groups: list[tuple[str, str, list[list[Any]]]], limit: int,
+def replayed(target: Any, groups: list[Group], limit: int,
              source: str) -> list[tuple[str, Any, list[Any], list[Any]]]:
     """Each group's records as a cost model's update takes them: (workload, a tune context of its
-    module, the traces replayed as measure candidates, their run times); ``limit`` records at most."""
+    module, the traces replayed as measure candidates, their run times); ``limit`` records at most,
+    spread over the workloads."""
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
 
     out: list[tuple[str, Any, list[Any], list[Any]]] = []
-    used = 0
-    for wl, ir, bodies in groups:
-        if used >= limit:
-            break
-        bodies = bodies[:limit - used]
+    for wl, ir, bodies in spread(groups, limit):
         try:
             workload = ms.database.Workload.from_json([wl, ir])
             mod = workload.mod
@@ -211,5 +232,4 @@ def replayed(target: Any, groups: list[tuple[str, str, list[list[Any]]]], limit:
             continue
         if cands:
             out.append((wl, ctx, cands, results))
-            used += len(cands)
     return out
