@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..store.library import Backend, Entry, LibraryError, Where, entries, open_library, target_key
 
 log = logging.getLogger("sharetune.library")
+T = TypeVar("T")
 
 MODES = ("none", "warm", "reuse")
 # Library schedules a task's first round measures (at most; the round's size caps it too).
@@ -77,8 +80,15 @@ class Lookup:
         ``workload``: each workload's fastest first, then each one's second, and so on, so a limit
         keeps every workload's best."""
         others = [es[:per_workload] for wl, es in sorted(self.same_share.items()) if wl != workload]
-        out = [es[rank] for rank in range(per_workload) for es in others if rank < len(es)]
-        return out[:limit]
+        return [e for _, e in by_rank(others, limit)]
+
+
+def by_rank(lists: Sequence[Sequence[T]], limit: int) -> list[tuple[int, T]]:
+    """At most ``limit`` items of ``lists`` with the index of the list each came from, taken rank by
+    rank: every list's first, then every list's second, and so on (so a limit keeps every list's
+    first items rather than the first lists whole)."""
+    longest = max((len(x) for x in lists), default=0)
+    return [(i, x[rank]) for rank in range(longest) for i, x in enumerate(lists) if rank < len(x)][:limit]
 
 
 def target_json(target: Any) -> Any:
@@ -169,19 +179,8 @@ def spread(groups: list[Group], limit: int) -> list[Group]:
     them group after group instead taught a model from a library larger than the limit the first
     few workloads in full and the others nothing (a real-budget CUDA library holds thousands of
     records of a few dozen workloads)."""
-    keep = [0] * len(groups)
-    left, rank = limit, 0
-    while left > 0:
-        took = 0
-        for i, (_, _, bodies) in enumerate(groups):
-            if left > 0 and rank < len(bodies):
-                keep[i] += 1
-                left -= 1
-                took += 1
-        if not took:
-            break
-        rank += 1
-    return [(wl, ir, bodies[:n]) for (wl, ir, bodies), n in zip(groups, keep) if n]
+    taken = Counter(i for i, _ in by_rank([bodies for _, _, bodies in groups], limit))
+    return [(wl, ir, bodies[:taken[i]]) for i, (wl, ir, bodies) in enumerate(groups) if taken[i]]
 
 
 def learn(cost_model: Any, target: Any, groups: list[Group], limit: int, source: str) -> int:
