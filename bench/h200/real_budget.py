@@ -774,6 +774,38 @@ def _aggregated(vs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             for b, rows in vs.items() if rows}
 
 
+# The ratios a pair of arms gives without an evaluation: the arms' own trial counts and timestamps.
+RATE_RATIOS = ("throughput_ratio", "late_throughput_ratio")
+
+
+def rate_pairs(arm_cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Per network and baseline, the trial-rate ratios (RATE_RATIOS) of every seed that ran both
+    arms, evaluated or not: a pair the device had no time left to evaluate still counts towards
+    them."""
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for st in arm_cells.values():
+        if st.get("arm") != "sharetune" or "network" not in st:
+            continue
+        for b in BASELINES:
+            base = arm_cells.get(arm_id(st["network"], st["seed"], b))
+            if base is None:
+                continue
+            row: dict[str, Any] = {"seed": st["seed"]}
+            for k, rate in (("throughput_ratio", lambda c: c.get("trials_per_s")),
+                            ("late_throughput_ratio", late_trials_per_s)):
+                s_rate, b_rate = rate(st), rate(base)
+                row[k] = round(s_rate / b_rate, 3) if s_rate and b_rate else None
+            row.update(window_s=st["window_s"], evaluated=False, same_machine=base.get("machine") == st.get("machine"),
+                       equal_windows=base["window_s"] == st["window_s"])
+            if lost_builds(base):
+                row["not_a_fair_baseline"] = lost_builds(base)
+            out.setdefault(st["network"], {}).setdefault(b, []).append(row)
+    for by_base in out.values():
+        for rows in by_base.values():
+            rows.sort(key=lambda r: r["seed"])
+    return out
+
+
 def summarize_cells(arm_cells: dict[str, dict[str, Any]], eval_cells: dict[str, dict[str, Any]],
                     tol: float = TTQ_TOLERANCE) -> dict[str, Any]:
     """The results table: per network and baseline, the ratios per seed, their geometric means
@@ -826,8 +858,20 @@ def summarize_cells(arm_cells: dict[str, dict[str, Any]], eval_cells: dict[str, 
                     if sides[b]["unfair"]:
                         c["not_a_fair_baseline"] = sides[b]["unfair"]
                     into[b].append(c)
+    pairs = rate_pairs(arm_cells)
     for net, n in networks.items():
+        evaluated = {b: {r["seed"] for r in rows} for b, rows in n["vs"].items()}
         n["vs"] = _aggregated(n["vs"])
+        # the trial rates over every pair of arms, evaluated or not (rate_pairs)
+        for b, rows in pairs.get(net, {}).items():
+            if b in n["vs"]:
+                for r in rows:
+                    r["evaluated"] = r["seed"] in evaluated.get(b, set())
+                fair = [r for r in rows if "not_a_fair_baseline" not in r]
+                agg = aggregate(fair)
+                for k in RATE_RATIOS:
+                    n["vs"][b][k] = {**agg[k], "seeds": [r["seed"] for r in fair if r.get(k) is not None]}
+                n["vs"][b]["rates_per_seed"] = rows
         # variants: the same ratios for a search other than the shipped one, never judged as goals
         n["variants"] = {v: {"vs": _aggregated(rows)} for v, rows in n.get("variants", {}).items()}
         n["speedup_vs_untuned"] = {arm: {"geomean": gmean(v), "worst": min((x for x in v if x), default=None),
@@ -897,6 +941,9 @@ def summarize(a: argparse.Namespace) -> int:
             "throughput_ratio": "trials/s of sharetune / of the baseline; trials within the window: the stock arms' "
                                 "candidates measured (counted as the runner measures them, committed or not), "
                                 "sharetune's records committed",
+            "late_throughput_ratio": "the same in the window's second half (late_trials_per_s); both trial-rate "
+                                     "ratios over every seed that ran both arms, evaluated or not "
+                                     "(rates_per_seed), the others over the evaluated seeds",
             "latency_ratio": "sharetune's end-to-end latency at the window's end / the baseline's "
                              "(compile_relax with the best record per task, relax VM, median of 10 rounds >= 100 ms, "
                              "whole GPU, no MPS, all models of one (network, seed) measured in one process)",

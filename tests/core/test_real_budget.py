@@ -150,6 +150,24 @@ def test_a_baseline_that_lost_builds_to_its_timeout_is_reported_but_not_aggregat
     assert vs["per_seed"][1]["not_a_fair_baseline"] == "lost 4 of 69 builds to LocalBuilder's 30-s timeout"
 
 
+def test_the_trial_rates_count_every_pair_of_arms_evaluated_or_not() -> None:
+    arms, evs = {}, {}
+    for seed, rates in ((0, (1.0, 4.0)), (1, (1.0, 9.0))):
+        for arm, rate in zip(("stock", "sharetune"), rates):
+            arms[rb.arm_id("resnet50", seed, arm)] = {
+                "arm": arm, "network": "resnet50", "seed": seed, "trials_per_s": rate, "window_s": 200,
+                "machine": "m", "trials": int(rate * 200),
+                "measured_times": [150.0 + i / rate for i in range(int(rate * 50))]}  # rate / 2 in (100, 200]
+    evs["e"] = {"network": "resnet50", "seed": 0, "untuned_ms": 10.0,  # seed 1 never evaluated
+                "arms": {arm: {"run": rb.arm_id("resnet50", 0, arm), "curve": [{"t": 200, "median_ms": ms}]}
+                         for arm, ms in (("stock", 8.0), ("sharetune", 5.0))}}
+    vs = rb.summarize_cells(arms, evs)["resnet50"]["vs"]["stock"]
+    assert vs["latency_ratio"]["runs_with_value"] == "1/1"
+    assert vs["late_throughput_ratio"]["geomean"] == 6.0 and vs["late_throughput_ratio"]["worst"] == 4.0
+    assert vs["throughput_ratio"]["geomean"] == 6.0 and vs["throughput_ratio"]["seeds"] == [0, 1]
+    assert [(r["seed"], r["evaluated"]) for r in vs["rates_per_seed"]] == [(0, True), (1, False)]
+
+
 def test_a_search_variant_is_kept_beside_the_shipped_arm_not_in_its_place() -> None:
     assert rb.arm_name("sharetune", "4x4", "8x4") == "sharetune-e4x4"
     assert rb.arm_name("sharetune", "8x4", "8x4") == "sharetune"  # the default named explicitly
