@@ -17,6 +17,8 @@ model untrained (cold) vs trained on a library (warm).
     .venv/bin/python bench/library.py remeasure --total 480  # (a) both jobs' results timed in one process
     .venv/bin/python bench/library.py related [--model resnet50|resnet34]
                                 # (b) a model after ResNet-18, cold vs warm vs reuse (~40 min)
+    .venv/bin/python bench/library.py related --library-per-task 48 --arms warm,seeds
+                                # (b) after a larger library; warm with and without its pretraining
     .venv/bin/python bench/library.py rounds                 # (c) best latency per round, cold vs warm (~10 min)
     .venv/bin/python bench/library.py summarize              # bench/results/library.json
 
@@ -83,15 +85,17 @@ def job(name: str, shape: list[int], seed: int, library: dict[str, Any] | None,
     return {"apiVersion": "sharetune.io/v1alpha1", "kind": "TuningJob", "metadata": {"name": name}, "spec": spec}
 
 
-def run_one(doc: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    """One local run; its summary with the wall time from start to result."""
+def run_one(doc: dict[str, Any], workdir: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One local run (``env``: variables the job's processes get besides this one's); its summary
+    with the wall time from start to result."""
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     out = workdir / "summary.json"
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "sharetune.cli", "run", str(path), "--local", "--workdir",
-                        str(workdir / "run"), "--json", str(out)], capture_output=True, text=True)
+                        str(workdir / "run"), "--json", str(out)], capture_output=True, text=True,
+                       env={**os.environ, **(env or {})})
     if r.returncode != 0:
         raise SystemExit(f"{doc['metadata']['name']} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
     s = json.loads(out.read_text())
@@ -443,39 +447,57 @@ def progress_bests(run_dir: Path, steps: int = 20) -> dict[str, list[float | Non
 
 # The library's job, then the related models tuned after it: model -> (total trials, perTask).
 RELATED_FIRST = ("resnet18", 368, 16)
+RELATED_FIRST_TASKS = RELATED_FIRST[1] // RELATED_FIRST[2]  # the total is perTask x ResNet-18's tasks
 RELATED = {"resnet50": (272, 16),  # 5 of its 34 workloads are ResNet-18's
            "resnet34": (368, 16)}  # all 23 of its workloads are ResNet-18's (more blocks of each)
 RELATED_SHAPE = [1, 3, 64, 64]
+
+
+# The arms of ``related`` besides cold: the job's library mode, and the variables its processes get.
+# "seeds" is warm with the cost model left cold: what the library's schedules alone are worth.
+RELATED_ARMS: dict[str, tuple[str, dict[str, str]]] = {
+    "warm": ("warm", {}), "reuse": ("reuse", {}), "seeds": ("warm", {"SHARETUNE_LIBRARY_PRETRAIN": "off"})}
 
 
 def _rel(second: str, what: str) -> str:
     return f"rel-{second}-{what}"
 
 
-def related_cells(seeds: list[int], second: str) -> None:
-    """(b) a related model with workloads in common: one ResNet-18 job fills the library, then
-    ``second`` is tuned cold, warm and with reuse, each library arm from its own copy of the
-    library, per seed; each arm's per-task best over its tuning time and the results timed in one
-    process against the cold one."""
+def related_variant(second: str, library_per_task: int) -> str:
+    """The cells' name for ``second`` after a library of ``library_per_task`` trials per
+    ResNet-18 task: the model's own name at the default library size."""
+    return second if library_per_task == RELATED_FIRST[2] else f"{second}-lib{library_per_task}"
+
+
+def related_cells(seeds: list[int], second: str, library_per_task: int = RELATED_FIRST[2],
+                  arms: tuple[str, ...] = ("warm", "reuse")) -> None:
+    """(b) a related model with workloads in common: one ResNet-18 job fills the library
+    (``library_per_task`` trials per task), then ``second`` is tuned cold and with each of ``arms``
+    (RELATED_ARMS), each library arm from its own copy of the library, per seed; each arm's per-task
+    best over its tuning time and the results timed in one process against the cold one."""
     tmp = Path(tempfile.mkdtemp(prefix="sharetune-library-related-"))
     lib = tmp / "lib"
-    name, total, per_task = RELATED_FIRST
+    variant = related_variant(second, library_per_task)
+    name, _, _ = RELATED_FIRST
     doc = job("lib-related-first", RELATED_SHAPE, 0, {"path": str(lib), "mode": "warm"}, model=name)
-    doc["spec"]["trials"] = {"total": total, "perTask": per_task, "perIteration": 4}
+    doc["spec"]["trials"] = {"total": library_per_task * RELATED_FIRST_TASKS, "perTask": library_per_task,
+                             "perIteration": 4}
     s = run_one(doc, tmp / "first")
     tuned = json.loads((tmp / "first" / "run" / "result" / "summary.json").read_text())["tasks"]
-    append_cell(_cell(_rel(second, "library"), 0, s, model=name, library=str(lib),
+    append_cell(_cell(_rel(variant, "library"), 0, s, model=name, library=str(lib), library_per_task=library_per_task,
                       workloads=[t["workload_hash"] for t in tuned if t["trials"]]))
     name = second
     total, per_task = RELATED[second]
     offered = library_bests(lib)  # each library arm tunes on its own copy: the original stays as filled
     for seed in seeds:
         runs = {}
-        for arm, mode in ((_rel(name, "cold"), None), (_rel(name, "warm"), "warm"), (_rel(name, "reuse"), "reuse")):
+        for what in ("cold", *arms):
+            arm = _rel(variant, what)
+            mode, env = RELATED_ARMS[what] if what != "cold" else (None, {})
             library = {"path": library_copy(lib, tmp / f"lib-{arm}-s{seed}"), "mode": mode} if mode else None
             doc = job(f"lib-{arm}-s{seed}", RELATED_SHAPE, seed, library, model=name)
             doc["spec"]["trials"] = {"total": total, "perTask": per_task, "perIteration": 4}
-            s = run_one(doc, tmp / f"{arm}-s{seed}")
+            s = run_one(doc, tmp / f"{arm}-s{seed}", env)
             runs[arm] = tmp / f"{arm}-s{seed}" / "run"
             summary = json.loads((runs[arm] / "result" / "summary.json").read_text())
             cell = _cell(arm, seed, s, model=name, run_dir=str(runs[arm]), progress_bests=progress_bests(runs[arm]),
@@ -485,8 +507,8 @@ def related_cells(seeds: list[int], second: str) -> None:
             append_cell(cell)
             print(json.dumps({k: cell[k] for k in ("arm", "seed", "wall_s", "latency_tuned_ms", "records")}),
                   flush=True)
-        for arm in (_rel(name, "warm"), _rel(name, "reuse")):
-            both = side_by_side(runs[_rel(name, "cold")], runs[arm], RELATED_SHAPE, model_name=name)
+        for arm in (_rel(variant, what) for what in arms):
+            both = side_by_side(runs[_rel(variant, "cold")], runs[arm], RELATED_SHAPE, model_name=name)
             cell = {"arm": f"{arm}-remeasure", "seed": seed, "date": time.strftime("%Y-%m-%d"),
                     "cold_ms": both["one_process_first_ms"], "warm_ms": both["one_process_again_ms"],
                     "warm_over_cold": both["one_process_again_over_first"]}
@@ -519,9 +541,6 @@ def _with_library(cell: dict[str, Any], steps: int) -> dict[str, list[float | No
         own = bests.get(wl, [None] * steps)
         bests[wl] = [secs if b is None else min(b, secs) for b in own]
     return bests
-
-
-RELATED_WARM_ARMS = ("warm", "reuse")
 
 
 def _related_rows(by: dict[tuple[str, int], dict[str, Any]], second: str, mode: str) -> list[dict[str, Any]]:
@@ -571,15 +590,18 @@ def _related_summary(by: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any
     """(b) per related model and library mode: the rows of :func:`_related_rows`, their geometric
     means and worst runs."""
     out: dict[str, Any] = {}
-    for second in RELATED:
-        for mode in RELATED_WARM_ARMS:
+    variants = sorted({arm[len("rel-"):-len("-library")] for arm, _ in by
+                       if arm.startswith("rel-") and arm.endswith("-library")})
+    for second in variants:
+        for mode in RELATED_ARMS:
             per_seed = _related_rows(by, second, mode)
             if not per_seed:
                 continue
             ttq = [r["time_to_cold_final_ratio"] for r in per_seed if r["time_to_cold_final_ratio"]]
             fin = [r["final_warm_over_cold_one_process"] for r in per_seed if r["final_warm_over_cold_one_process"]]
             wall = [r["wall_to_result_ratio"] for r in per_seed]
-            out.setdefault(second, {})[mode] = {
+            out.setdefault(second, {"library_per_task": by[(_rel(second, "library"), 0)].get(
+                "library_per_task", RELATED_FIRST[2])})[mode] = {
                 "per_seed": per_seed,
                 "wall_to_result_ratio": {"geomean": _geo(wall), "worst": min(wall)},
                 "time_to_cold_final_ratio": {"geomean": _geo(ttq), "worst": min(ttq), "goal": ">= 3.0"}
@@ -593,7 +615,11 @@ def _related_summary(by: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any
                 "its own copy of it (mode warm: library schedules seed each task's first round, its own "
                 "workload's or, where the library has too few, other workloads' transferred, and train the "
                 "cost model; "
-                "reuse: also tasks the library holds perTask trials of are not tuned); time in steps of 1/20 "
+                "reuse: also tasks the library holds perTask trials of are not tuned; seeds: warm with the cost "
+                "model left untrained, SHARETUNE_LIBRARY_PRETRAIN=off); a model named <model>-lib<N>: after a "
+                "library of N trials per ResNet-18 task (library_per_task), -planned-order: measured while "
+                "the shards' tasks took their turns heaviest first whether the library held them or not "
+                "(now the tasks it lacks go first); time in steps of 1/20 "
                 "of each arm's records (the shards measure at a steady rate), in seconds the step times the "
                 "arm's tuning time (an arm that tuned nothing: its whole tuning phase); the model's latency "
                 "estimated per step as sum(weight x task best), a library arm's best including the "
@@ -678,6 +704,9 @@ def main() -> int:
     rl = sub.add_parser("related")
     rl.add_argument("--seeds", default="0,1")
     rl.add_argument("--model", choices=sorted(RELATED), default="resnet50", help="the model tuned after ResNet-18")
+    rl.add_argument("--library-per-task", type=int, default=RELATED_FIRST[2],
+                    help="the ResNet-18 job's trials per task that fill the library")
+    rl.add_argument("--arms", default="warm,reuse", help=f"besides cold, of {', '.join(RELATED_ARMS)}")
     rd = sub.add_parser("rounds")
     rd.add_argument("--seeds", default="0,1")
     sub.add_parser("summarize")
@@ -691,7 +720,7 @@ def main() -> int:
     elif a.cmd == "remeasure":
         remeasure_cells(a.total)
     elif a.cmd == "related":
-        related_cells([int(x) for x in a.seeds.split(",")], a.model)
+        related_cells([int(x) for x in a.seeds.split(",")], a.model, a.library_per_task, tuple(a.arms.split(",")))
     elif a.cmd == "rounds":
         rounds_cells([int(x) for x in a.seeds.split(",")])
     print(json.dumps(summarize(), indent=2))

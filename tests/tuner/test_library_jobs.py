@@ -61,6 +61,13 @@ def test_a_reused_task_gives_its_trials_to_the_others() -> None:
     assert warm_start.reused_budgets({"a": 8}, {"a": "w1"}, held, per_task=9) == ({"a": 8}, [])
 
 
+def test_tasks_the_library_lacks_take_their_first_rounds_first() -> None:
+    held = warm_start.Lookup({"w1": [_entry("w1")], "w3": [_entry("w3")]}, [], {})
+    # a shard's tasks heaviest first: the held ones go last, each side keeps its order
+    assert held.first_rounds_order(["w1", "w2", "w3", "w4"]) == [1, 3, 0, 2]
+    assert warm_start.Lookup({}, [], {}).first_rounds_order(["w1", "w2"]) == [0, 1]
+
+
 def _entry(wl: str, secs: float = 1e-6) -> Entry:
     return Entry(Key(wl, "t", "cpu-a", 100), secs, [], "j")
 

@@ -416,7 +416,9 @@ class _ShardTuning:
         self.database = ms.database.JSONDatabase(work_dir=str(cfg.work_dir))
         cm_threads = cost_model_threads(cfg.clients_on_host)
         self.cost_model = ms.CostModel.create(cfg.cost_model, num_tuning_cores=cm_threads)
-        if library is not None:
+        # SHARETUNE_LIBRARY_PRETRAIN=off: a benchmark's arm that seeds from the library but keeps the
+        # cost model cold, to tell the seeds' share of a warm start from the pretraining's.
+        if library is not None and os.environ.get("SHARETUNE_LIBRARY_PRETRAIN", "on") != "off":
             t0 = time.monotonic()
             learnt = pretrain(self.cost_model, target, library)
             self.progress.library_records += learnt
@@ -451,11 +453,11 @@ class _ShardTuning:
             cold = [(i, min(cfg.trials_per_iter, tp.budget - tp.done)) for i, (_, tp) in enumerate(todo)
                     if first_round_search(cfg, self.cost_model, tp.done) is not None]
             if cold:
-                self.tune(cold, cfg.cold_search)
+                self.tune(self._turns(cold), cfg.cold_search)
             # Counted again after the cold round: slots it could not fill go to the evolutionary search.
             rest = [(i, tp.budget - tp.done) for i, (_, tp) in enumerate(todo) if tp.budget - tp.done > 0]
             if rest:
-                self.tune(rest, "evolutionary")
+                self.tune(self._turns(rest), "evolutionary")
             dropped = sum(m.dropped for m in self.measured)
             if dropped:
                 log.info("%d candidates dropped: schedules already measured for their task (earlier in this process, "
@@ -469,6 +471,13 @@ class _ShardTuning:
         if hasattr(b, "remote_builds"):  # RemoteBuilder: where this shard's candidates were built
             log.info("candidates built: remote %d, here %d, retried %d, waited %.1f s for a builder",
                      b.remote_builds, b.local_builds, b.retried, b.waited_s)
+
+    def _turns(self, group: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """``group`` in the order its tasks take turns: with a library, the tasks it holds no
+        schedule of first (Lookup.first_rounds_order); otherwise as planned, heaviest first."""
+        if self.library is None:
+            return group
+        return [group[k] for k in self.library.first_rounds_order([self.todo[i][1].workload_hash for i, _ in group])]
 
     def _strategy(self, i: int, tp: TaskProgress, search: str, trials: int) -> Any:
         """The task's search held to ``trials``; a fresh task's first round measures the library's

@@ -74,6 +74,14 @@ class Lookup:
     def best(self, workload: str, k: int) -> list[Entry]:
         return self.same_share.get(workload, [])[:k]
 
+    def first_rounds_order(self, workloads: Sequence[str]) -> list[int]:
+        """The order (indexes into ``workloads``, a shard's tasks heaviest first) their rounds take
+        turns in: the tasks the library holds no schedule of first, then those it does. A held
+        task's library records already count towards the job's result (the merge offers them), so
+        its first round adds little; a task with nothing to start from is still at TVM's default,
+        and its first round is where the model's latency falls the most."""
+        return sorted(range(len(workloads)), key=lambda i: bool(self.same_share.get(workloads[i])))
+
     def donors(self, workload: str, per_workload: int = TRANSFER_PER_WORKLOAD,
                limit: int = TRANSFER_MAX) -> list[Entry]:
         """Other workloads' fastest schedules (this target, device and share) to transfer to
