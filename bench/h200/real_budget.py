@@ -102,12 +102,14 @@ def arm_id(network: str, seed: int, arm: str) -> str:
 VARIANT_PREFIX = "sharetune-"
 
 
-def arm_name(arm: str, evolution: str, default_evolution: str, peers: bool = True) -> str:
-    """The arm as recorded: ``sharetune`` with a non-default evolution or without peers is a variant."""
+def arm_name(arm: str, evolution: str, default_evolution: str, peers: bool = True, per_iter: int = ST_PER_ITER) -> str:
+    """The arm as recorded: ``sharetune`` with a non-default evolution, without peers or with
+    another round size is a variant."""
     if arm != "sharetune":
         return arm
     parts = [f"e{evolution}"] if evolution and evolution != default_evolution else []
     parts += [] if peers else ["nopeers"]
+    parts += [] if per_iter == ST_PER_ITER else [f"b{per_iter}"]
     return "-".join(["sharetune", *parts])
 
 
@@ -157,6 +159,12 @@ def _evolution(a: argparse.Namespace) -> str:
     return str(parse_evolution(getattr(a, "evolution", "") or ""))
 
 
+def _random_pct(a: argparse.Namespace) -> int:
+    from sharetune_tuner.client import parse_evolution
+
+    return parse_evolution(getattr(a, "evolution", "") or "").fresh_pct
+
+
 def knobs(a: argparse.Namespace, cores: int) -> dict[str, Any]:
     base = {"total_trials": a.total, "target": a.target, "seed": a.seed, "window_s": a.window_s}
     if a.arm == "stock":
@@ -177,7 +185,9 @@ def knobs(a: argparse.Namespace, cores: int) -> dict[str, Any]:
             "runner": "SessionRPCRunner",
             "search": ("client default: a shard's tasks round-robin in one tune_tasks call; each task's first round "
                        "by random sampling (replay) while the cost model is cold, then evolutionary"),
-            "evolution": _evolution(a), "peer_records": "off" if getattr(a, "no_peers", False) else "on",
+            # the initial population's random share (Evolution.fresh_pct); cells without it drew half at random
+            "evolution": _evolution(a), "evolution_random_pct": _random_pct(a),
+            "peer_records": "off" if getattr(a, "no_peers", False) else "on",
             "cost_model": "xgb"}
 
 
@@ -264,7 +274,8 @@ def tune(a: argparse.Namespace) -> int:
     import tune_cell
     from sharetune_tuner.client import Evolution
 
-    name = arm_name(a.arm, _evolution(a) if a.evolution else "", str(Evolution()), peers=not a.no_peers)
+    name = arm_name(a.arm, _evolution(a) if a.evolution else "", str(Evolution()), peers=not a.no_peers,
+                    per_iter=a.per_iter)
     aid = arm_id(a.network, a.seed, name)
     if aid in load_cells(ARMS_FILE) and not a.force:
         log(f"{aid}: already done, skipped")
@@ -797,8 +808,9 @@ def rate_pairs(arm_cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, list
                 row[k] = round(s_rate / b_rate, 3) if s_rate and b_rate else None
             row.update(window_s=st["window_s"], evaluated=False, same_machine=base.get("machine") == st.get("machine"),
                        equal_windows=base["window_s"] == st["window_s"])
-            if lost_builds(base):
-                row["not_a_fair_baseline"] = lost_builds(base)
+            lost = lost_builds(base)
+            if lost:
+                row["not_a_fair_baseline"] = lost
             out.setdefault(st["network"], {}).setdefault(b, []).append(row)
     for by_base in out.values():
         for rows in by_base.values():

@@ -173,6 +173,8 @@ def test_a_search_variant_is_kept_beside_the_shipped_arm_not_in_its_place() -> N
     assert rb.arm_name("sharetune", "8x4", "8x4") == "sharetune"  # the default named explicitly
     assert rb.arm_name("sharetune", "", "8x4") == "sharetune"
     assert rb.arm_name("stock", "4x4", "8x4") == "stock"
+    assert rb.arm_name("sharetune", "2x4", "4x4", per_iter=32) == "sharetune-e2x4-b32"
+    assert rb.arm_name("sharetune", "", "4x4", per_iter=rb.ST_PER_ITER) == "sharetune"
     arms, runs = {}, {}
     for arm, tps, ms in (("stock", 0.5, 8.0), ("sharetune", 2.0, 5.0), ("sharetune-e4x4", 3.0, 4.0)):
         arms[rb.arm_id("resnet50", 0, arm)] = {"trials_per_s": tps, "window_s": 240, "machine": "m", "trials": 1}

@@ -106,7 +106,13 @@ def test_the_evolution_after_the_first_round_takes_its_shape_from_the_variable(m
     assert str(_cfg().evolution) == "4x4"  # half stock's population ratio, its generations
     monkeypatch.setenv("SHARETUNE_EVOLUTION", "4x2")
     evo = search_strategy(_cfg(trials_per_iter=16))
-    assert (evo.population_size, evo.genetic_num_iters, evo.init_min_unmeasured) == (64, 2, 32)
-    monkeypatch.setenv("SHARETUNE_EVOLUTION", "4")
-    with pytest.raises(TunerError, match=r"SHARETUNE_EVOLUTION='4' is not PxG: .* e\.g\. 4x4"):
-        _cfg()
+    # at least stock's share (~10%) of the population drawn at random: 7 of 64, not half of it
+    assert (evo.population_size, evo.genetic_num_iters, evo.init_min_unmeasured) == (64, 2, 7)
+    monkeypatch.setenv("SHARETUNE_EVOLUTION", "4x4f50")
+    evo = search_strategy(_cfg(trials_per_iter=16))
+    assert (evo.population_size, evo.genetic_num_iters, evo.init_min_unmeasured) == (64, 4, 32)
+    assert str(_cfg().evolution) == "4x4f50"
+    for bad in ("4", "4x4f0", "4x4f", "4x4f101"):
+        monkeypatch.setenv("SHARETUNE_EVOLUTION", bad)
+        with pytest.raises(TunerError, match=rf"SHARETUNE_EVOLUTION='{bad}' is not PxG\[fN\]: .* e\.g\. 4x4"):
+            _cfg()

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -47,35 +48,53 @@ MEASURE_LOG = "measure-windows.jsonl"  # one line per measurement: co-tenants, w
 EVOLUTION_ENV = "SHARETUNE_EVOLUTION"
 
 
+# Stock EvolutionarySearch draws at least 50 random schedules into a population of 512 (~10%).
+STOCK_FRESH_PCT = 10
+
+
 @dataclass(frozen=True)
 class Evolution:
     """Evolutionary search sized to the batch (:func:`search_strategy`): ``population_per_candidate``
-    x the batch (64..512) and ``generations`` of mutation. A round's CPU grows with both, and a
-    sharetune host is CPU-bound (the GPU measures faster than the clients search), so the default
-    is half stock MetaSchedule's ratio (8 per candidate, 512 for 64) at its generations (4): on a
-    whole MobileNet-V2 on the GPU it measured 1.6x the trials of 8x4 in one window and a faster
-    model at every checkpoint (docs/benchmarks.md, "Search shape")."""
+    x the batch (64..512), ``generations`` of mutation, and at least ``fresh_pct`` % of the initial
+    population drawn at random from the design space (TVM's ``init_min_unmeasured``; the rest are the
+    task's best measured schedules). A round's CPU grows with all three, and a sharetune host is
+    CPU-bound (the GPU measures faster than the clients search), so the default is half stock
+    MetaSchedule's ratio (8 per candidate, 512 for 64) at its generations (4): on a whole
+    MobileNet-V2 on the GPU it measured 1.6x the trials of 8x4 in one window and a faster model at
+    every checkpoint (docs/benchmarks.md, "Search shape"). The random share is stock's: TVM draws
+    population-sized passes until it has that many valid schedules, and random CUDA schedules mostly
+    fail VerifyGPUCode (ResNet-50's convolutions: ~2.5 valid of 52 draws), so half the population
+    (32 of 64) took 9-13 passes, 5-7 s of a client's 12-18-s search round on an H100."""
 
     population_per_candidate: int = 4
     generations: int = 4
+    fresh_pct: int = STOCK_FRESH_PCT
 
     def __str__(self) -> str:
-        return f"{self.population_per_candidate}x{self.generations}"
+        shape = f"{self.population_per_candidate}x{self.generations}"
+        return shape if self.fresh_pct == STOCK_FRESH_PCT else f"{shape}f{self.fresh_pct}"
 
     def population(self, batch: int) -> int:
         return max(64, min(512, self.population_per_candidate * batch))
 
+    def fresh(self, population: int) -> int:
+        """The random schedules a round's initial population draws at least."""
+        return max(1, math.ceil(population * self.fresh_pct / 100))
+
 
 def parse_evolution(text: str) -> Evolution:
-    """``PxG`` (SHARETUNE_EVOLUTION), e.g. ``4x4``; empty: the defaults. Anything else is a usage
-    error naming the variable and the form, not a silent fallback."""
+    """``PxG`` or ``PxGfN`` (SHARETUNE_EVOLUTION), e.g. ``4x4`` or ``4x4f50`` (N: the random share
+    of the initial population in %, default stock's 10); empty: the defaults. Anything else is a
+    usage error naming the variable and the form, not a silent fallback."""
     if not text.strip():
         return Evolution()
-    p, sep, g = text.strip().lower().partition("x")
-    if not sep or not p.isdigit() or not g.isdigit() or not 1 <= int(p) <= 64 or not 1 <= int(g) <= 16:
-        raise TunerError(f"{EVOLUTION_ENV}={text!r} is not PxG: population per candidate 1-64 x generations 1-16, "
-                         "e.g. 4x4 (the default)")
-    return Evolution(int(p), int(g))
+    m = re.fullmatch(r"(\d+)x(\d+)(?:f(\d+))?", text.strip().lower())
+    ok = m is not None and 1 <= int(m[1]) <= 64 and 1 <= int(m[2]) <= 16 and (m[3] is None or 1 <= int(m[3]) <= 100)
+    if m is None or not ok:
+        raise TunerError(f"{EVOLUTION_ENV}={text!r} is not PxG[fN]: population per candidate 1-64 x generations "
+                         "1-16, optionally the random share of the initial population in % (1-100), "
+                         "e.g. 4x4 (the default) or 4x4f50")
+    return Evolution(int(m[1]), int(m[2]), STOCK_FRESH_PCT if m[3] is None else int(m[3]))
 
 
 @dataclass
@@ -259,7 +278,7 @@ def search_strategy(cfg: ClientConfig, search: str = "evolutionary") -> Any:
                                                      init_min_unmeasured=min(50, stock // 2))
     if search != "lite":
         return ms.search_strategy.EvolutionarySearch(population_size=stock, genetic_num_iters=evo.generations,
-                                                     init_min_unmeasured=min(50, stock // 2))
+                                                     init_min_unmeasured=evo.fresh(stock))
     population = max(16, LITE_POPULATION_PER_CANDIDATE * cfg.trials_per_iter)
     # The initial sampling gives up (and MetaSchedule ends the task, with no trial) after
     # max_fail_count rounds of `population` draws without one valid schedule. CUDA tasks whose
