@@ -133,15 +133,16 @@ def measure(network: str, k: int, rounds: int, variants: list[str], batch: int, 
                                  num_threads=1)
             if real is None:
                 db, model, n_real = ms.database.MemoryDatabase(), ms.cost_model.RandomModel(seed=seed), 0
+                scorer = None
             else:
                 db, model, n_real = _seeded(real, ctx, task.workload)
+                scorer = model
             ctx.pre_tuning(max_trials=batch * (rounds + 1), num_trials_per_iter=batch,
                            design_spaces=ctx.generate_design_space(), database=db, cost_model=model)
             if real is None:
                 _round(ctx, db, target, task.workload, rng)  # the first round fills the database
             scores: list[list[float]] = []
-            cpu = [_round(ctx, db, target, task.workload, rng, model if real is not None else None, scores)
-                   for _ in range(rounds)]
+            cpu = [_round(ctx, db, target, task.workload, rng, scorer, scores) for _ in range(rounds)]
             ctx.post_tuning()
             per_cand = [c / max(1, n) for c, n in cpu]
             per_task.append({"task": task.info.name, "cpu_s_per_round": [round(c, 3) for c, _ in cpu],

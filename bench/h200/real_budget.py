@@ -151,18 +151,17 @@ def _cell_args(a: argparse.Namespace, wd_id: str) -> argparse.Namespace:
     return tune_cell.parser().parse_args([*common, "--mode", "baseline", "--tasks", "0", "--trials", str(a.total)])
 
 
-def _evolution(a: argparse.Namespace) -> str:
-    """The sharetune arm's evolutionary search, PxG, as its clients will read it (a bad value
-    stops the arm here, with the client's own message)."""
+def _search(a: argparse.Namespace) -> Any:
+    """The sharetune arm's evolutionary search (client.Evolution) as its clients will read it (a
+    bad value stops the arm here, with the client's own message)."""
     from sharetune_tuner.client import parse_evolution  # TVM's import time only where it is used
 
-    return str(parse_evolution(getattr(a, "evolution", "") or ""))
+    return parse_evolution(getattr(a, "evolution", "") or "")
 
 
-def _random_pct(a: argparse.Namespace) -> int:
-    from sharetune_tuner.client import parse_evolution
-
-    return parse_evolution(getattr(a, "evolution", "") or "").fresh_pct
+def _evolution(a: argparse.Namespace) -> str:
+    """The sharetune arm's evolutionary search as PxG[fN] (SHARETUNE_EVOLUTION)."""
+    return str(_search(a))
 
 
 def knobs(a: argparse.Namespace, cores: int) -> dict[str, Any]:
@@ -179,6 +178,7 @@ def knobs(a: argparse.Namespace, cores: int) -> dict[str, Any]:
                 "search": "EvolutionarySearch stock (population 512)", "candidates_per_batch": 64,
                 "task_scheduler": STOCK_TUNED_SCHEDULER, "max_trials_per_task": a.total, "mps": False,
                 "rpc_session_timeout_s": 30, "cost_model": "xgb", "builder_timeout_s": a.builder_timeout_s}
+    evo = _search(a)
     return {**base, "clients": a.clients, "servers": a.servers, "thread_pct": a.pct, "mps": a.target == "cuda",
             "per_iteration": a.per_iter, "per_task": a.per_task,
             "builder": "one build service for all clients (PooledBuilder, host's cores)",
@@ -186,7 +186,7 @@ def knobs(a: argparse.Namespace, cores: int) -> dict[str, Any]:
             "search": ("client default: a shard's tasks round-robin in one tune_tasks call; each task's first round "
                        "by random sampling (replay) while the cost model is cold, then evolutionary"),
             # the initial population's random share (Evolution.fresh_pct); cells without it drew half at random
-            "evolution": _evolution(a), "evolution_random_pct": _random_pct(a),
+            "evolution": str(evo), "evolution_random_pct": evo.fresh_pct,
             "peer_records": "off" if getattr(a, "no_peers", False) else "on",
             "cost_model": "xgb"}
 
@@ -792,7 +792,7 @@ RATE_RATIOS = ("throughput_ratio", "late_throughput_ratio")
 def rate_pairs(arm_cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """Per network and baseline, the trial-rate ratios (RATE_RATIOS) of every seed that ran both
     arms, evaluated or not: a pair the device had no time left to evaluate still counts towards
-    them."""
+    them (summarize_cells marks each row ``evaluated``)."""
     out: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for st in arm_cells.values():
         if st.get("arm") != "sharetune" or "network" not in st:
@@ -806,7 +806,7 @@ def rate_pairs(arm_cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, list
                             ("late_throughput_ratio", late_trials_per_s)):
                 s_rate, b_rate = rate(st), rate(base)
                 row[k] = round(s_rate / b_rate, 3) if s_rate and b_rate else None
-            row.update(window_s=st["window_s"], evaluated=False, same_machine=base.get("machine") == st.get("machine"),
+            row.update(window_s=st["window_s"], same_machine=base.get("machine") == st.get("machine"),
                        equal_windows=base["window_s"] == st["window_s"])
             lost = lost_builds(base)
             if lost:
